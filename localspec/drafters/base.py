@@ -1,0 +1,45 @@
+"""The Drafter protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass
+class Draft:
+    """Proposed continuation. `probs` holds the draft distribution q per token (rows of
+    the vocabulary) when tokens were sampled from it; None means deterministic (one-hot)."""
+
+    tokens: list[int] = field(default_factory=list)
+    probs: np.ndarray | None = None
+    source: str = "none"  # which drafter produced it (hybrid reports ngram or model)
+    match_len: int = 0  # n-gram drafts: length of the matched suffix
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A new generation starts from `prompt` (reset or realign any state)."""
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        """Propose up to k tokens to follow `context` (prompt + generated so far).
+
+        An empty draft is valid: the engine then decodes one token plainly.
+        """
+
+
+class NoDrafter:
+    """Plain decoding: never proposes anything."""
+
+    name = "none"
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        return Draft()

@@ -1,0 +1,98 @@
+"""`localspec run`: prompt from arguments and stdin, text streamed to stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.engine import Done, GenerationStats, Token, generate
+from localspec.errors import UsageError
+from localspec.options import LoadOptions
+from localspec.runtime import chat_prompt, make_drafter, open_runtime
+
+
+def read_prompt(args: tuple[str, ...]) -> str:
+    """Arguments first, then stdin (when it is not a terminal) as context after them."""
+    parts = [" ".join(args)] if args else []
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        if piped.strip():
+            parts.append(piped)
+    text = "\n\n".join(p for p in parts if p)
+    if not text.strip():
+        raise UsageError("no prompt: give one as an argument or on stdin")
+    return text
+
+
+def stats_line(stats: GenerationStats) -> str:
+    """One human line: speed, acceptance, mean accepted length."""
+    parts = [
+        f"{stats.generated} tokens",
+        f"{stats.tokens_per_s:.1f} tok/s",
+        f"prefill {stats.prefill_tokens} tok in {stats.prefill_s:.2f}s",
+        f"drafter {stats.drafter}",
+    ]
+    if stats.drafted:
+        parts += [
+            f"acceptance {stats.acceptance:.0%} ({stats.accepted}/{stats.drafted})",
+            f"mean accepted {stats.mean_accepted:.2f}",
+            f"{stats.tokens_per_round:.2f} tok/round",
+        ]
+    return " | ".join(parts) + f" | stop: {stats.stop_reason}"
+
+
+def print_stats(stats: GenerationStats, fmt: str | None) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(stats.to_dict()), err=True)
+    elif fmt == "text":
+        click.echo(stats_line(stats), err=True)
+
+
+def run_generation(
+    opts: LoadOptions,
+    spec: SpecConfig,
+    sampling: SamplingConfig,
+    gen: GenerationConfig,
+    text: str,
+    *,
+    system: str | None,
+    raw: bool,
+    stats_format: str | None,
+) -> GenerationStats | None:
+    """Load, generate, stream to stdout. Ctrl-C stops and keeps what was printed."""
+    with open_runtime(opts, want_draft=spec.mode in ("model", "hybrid")) as rt:
+        target = rt.target
+        prompt = target.tokenize(text) if raw else chat_prompt(target, text, system)
+        drafter = make_drafter(spec, sampling, rt.draft)
+        events = generate(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen,
+                          draft_model=rt.draft)
+        out = sys.stdout
+        stats = None
+        last = ""
+        try:
+            for ev in events:
+                if isinstance(ev, Token) and ev.text:
+                    out.write(ev.text)
+                    out.flush()
+                    last = ev.text
+                elif isinstance(ev, Done):
+                    out.write(ev.text)
+                    last = ev.text or last
+                    stats = ev.stats
+        except KeyboardInterrupt:
+            events.close()  # the engine's finally leaves the KV cache consistent
+            out.write("\n")
+            out.flush()
+            click.echo("interrupted", err=True)
+            raise SystemExit(130) from None
+        finally:
+            events.close()
+        if last and not last.endswith("\n"):
+            out.write("\n")
+        out.flush()
+        if stats is not None:
+            print_stats(stats, stats_format)
+        return stats

@@ -1,0 +1,79 @@
+"""Shared fixtures: user state in a temp dir; real GGUF models, pulled once if missing."""
+
+from __future__ import annotations
+
+import pytest
+
+TEST_MODEL = "smollm2-135m"
+TARGET = "qwen2.5-coder-1.5b"
+DRAFT = "qwen2.5-coder-0.5b"
+OTHER_VOCAB = "gemma3-270m"
+
+
+@pytest.fixture(autouse=True)
+def _user_home(tmp_path, monkeypatch):
+    """Logs, profiles and caches of the tool go to a temp dir in every test."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LOCALSPEC_NO_LOG", "0")
+
+
+def _path(name: str) -> str:
+    from localspec import models
+
+    return str(models.resolve(name, pull_if_missing=True, progress=False))
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> str:
+    return _path(TEST_MODEL)
+
+
+@pytest.fixture(scope="session")
+def target_path() -> str:
+    return _path(TARGET)
+
+
+@pytest.fixture(scope="session")
+def draft_path() -> str:
+    return _path(DRAFT)
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> str:
+    return _path(OTHER_VOCAB)
+
+
+def _load(path: str, n_ctx: int = 2048):
+    from localspec.backend import Model
+    from localspec.config import ModelConfig
+
+    return Model(ModelConfig(path=path, n_ctx=n_ctx))
+
+
+@pytest.fixture(scope="session")
+def smol(smol_path):
+    m = _load(smol_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def smol_draft(smol_path):
+    """A second instance of SmolLM2 (its own KV cache) to draft for `smol`."""
+    m = _load(smol_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def qwen_target(target_path):
+    m = _load(target_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def qwen_draft(draft_path):
+    m = _load(draft_path)
+    yield m
+    m.close()
