@@ -173,7 +173,8 @@ class Model:
         for i in range(self.n_batch):
             self._batch.seq_id[i][0] = 0
         self.info = LoadInfo(n_gpu_layers=n_gpu, amx_workaround=amx, n_threads=n_threads)
-        self.cached: list[int] = []
+        self._seqs: dict[int, list[int]] = {0: []}
+        self.cached: list[int] = self._seqs[0]  # sequence 0, used by decode()/prefill()
         self.llama_s = 0.0  # time spent inside llama_decode, for overhead accounting
         self._piece_buf = ctypes.create_string_buffer(256)
 
@@ -348,6 +349,64 @@ class Model:
         keep = min(self.common_prefix(tokens), len(tokens) - 1)
         self.rewind(keep)
         return self.decode(tokens[keep:], "last")[0], len(tokens) - keep
+
+    # ----- several sequences in one context (continuous batching) ----------------
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """Context available to one sequence (n_ctx is split across n_seq_max)."""
+        return int(_ll.llama_n_ctx_seq(self._ctx))
+
+    def seq_tokens(self, seq: int) -> list[int]:
+        """What sequence `seq`'s KV cells hold (sequence 0 is `cached`)."""
+        return self._seqs.setdefault(seq, [])
+
+    def rewind_seq(self, seq: int, n_past: int) -> None:
+        """Drop sequence `seq`'s cells from position n_past on (0 frees the slot)."""
+        _ll.llama_memory_seq_rm(self._mem, seq, n_past, -1)
+        del self.seq_tokens(seq)[n_past:]
+
+    def decode_multi(self, entries: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
+        """One decode for several sequences: entries are (seq_id, tokens, n_logit_rows),
+        each appended at its sequence's own position; logits are returned for the last
+        n_logit_rows tokens of each entry (views valid until the next decode)."""
+        n = sum(len(toks) for _, toks, _ in entries)
+        if n == 0 or n > self.n_batch:
+            raise ValueError(f"decode_multi needs 1..{self.n_batch} tokens, got {n}")
+        i = 0
+        for seq, toks, n_rows in entries:
+            base = len(self.seq_tokens(seq))
+            if base + len(toks) > self.n_ctx_seq:
+                raise ContextFull(f"sequence {seq} is full ({self.n_ctx_seq} tokens)")
+            m = len(toks)
+            self._tok[i : i + m] = toks
+            self._pos[i : i + m] = np.arange(base, base + m)
+            self._out[i : i + m] = 0
+            self._out[i + m - n_rows : i + m] = 1 if n_rows else 0
+            for j in range(i, i + m):
+                self._batch.seq_id[j][0] = seq
+            i += m
+        self._batch.n_tokens = n
+        t0 = time.perf_counter()
+        rc = _ll.llama_decode(self._ctx, self._batch)
+        self.llama_s += time.perf_counter() - t0
+        for j in range(n):
+            self._batch.seq_id[j][0] = 0  # single-sequence decode() assumes sequence 0
+        if rc != 0:
+            for seq, _, _ in entries:
+                _ll.llama_memory_seq_rm(self._mem, seq, len(self.seq_tokens(seq)), -1)
+            if rc == 1:
+                raise ContextFull(f"no KV slot for a batch of {n} tokens")
+            raise BackendError(f"llama_decode failed with code {rc}")
+        total_rows = sum(r for _, _, r in entries)
+        logits = (np.ctypeslib.as_array(_ll.llama_get_logits(self._ctx), shape=(total_rows, self.n_vocab))
+                  if total_rows else np.empty((0, self.n_vocab), dtype=np.float32))
+        out, row = [], 0
+        for seq, toks, n_rows in entries:
+            self.seq_tokens(seq).extend(toks)
+            out.append(logits[row : row + n_rows])
+            row += n_rows
+        return out
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
