@@ -266,6 +266,8 @@ def generate(
                 if event is not None:
                     yield event
                 if stats.stop_reason:
+                    # ended inside the accepted run: keep the cache to what was emitted
+                    target.rewind(min(target.n_past, len(tokens) - 1))
                     break
             id_last = id_next
         stats.decode_s = time.perf_counter() - t1

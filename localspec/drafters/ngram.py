@@ -52,7 +52,7 @@ class NgramDrafter:
 
     def _sync(self, context: Sequence[int]) -> None:
         n = len(self.ctx.tokens)
-        if n > len(context) or (n and self.ctx.tokens[n - 1] != context[n - 1]):
+        if n > len(context) or list(context[:n]) != self.ctx.tokens:
             self.begin(context)  # context was rewound or replaced: re-index
         else:
             self.ctx.extend(context[n:])

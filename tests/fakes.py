@@ -1,0 +1,269 @@
+"""Test doubles and statistics helpers shared by the pure (no llama.cpp) tests.
+
+FakeModel implements the part of `localspec.backend.Model` that the engine and the
+model drafter use: n_ctx, n_vocab, n_past, cached, llama_s, prefill, decode, rewind,
+is_eog and detokenizer. Its logits come from a deterministic function of the context,
+so the "true" continuation of any context is known to the tests. It keeps real KV
+bookkeeping (`cached`) plus the simulated KV cells (`cells`), which can run ahead of
+`cached` when a decode is interrupted, exactly like llama.cpp's cache can.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from localspec.drafters.base import Draft
+from localspec.errors import ContextFull
+
+# ----- statistics -------------------------------------------------------------------
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """Upper tail of the chi-square distribution (Wilson-Hilferty; good to a few % of
+    the p-value in the range that matters here, df >= 2)."""
+    if df <= 0:
+        return 1.0 if x <= 0 else 0.0
+    z = ((x / df) ** (1.0 / 3.0) - (1.0 - 2.0 / (9.0 * df))) / math.sqrt(2.0 / (9.0 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def chi2_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
+    """Goodness of fit of observed `counts` to `probs` (same shape, any dims). Cells
+    with an expected count under `min_expected` are pooled; an observation in a cell of
+    probability 0 gives p = 0."""
+    counts = np.asarray(counts, dtype=np.float64).ravel()
+    probs = np.asarray(probs, dtype=np.float64).ravel()
+    assert abs(probs.sum() - 1.0) < 1e-9, probs.sum()
+    n = counts.sum()
+    if np.any(counts[probs <= 0.0] > 0):
+        return 0.0
+    expected = probs * n
+    big = expected >= min_expected
+    obs = list(counts[big])
+    exp = list(expected[big])
+    small = (~big) & (probs > 0.0)
+    if small.any():
+        obs.append(counts[small].sum())
+        exp.append(expected[small].sum())
+    obs_a, exp_a = np.array(obs), np.array(exp)
+    stat = float(((obs_a - exp_a) ** 2 / exp_a).sum())
+    return chi2_sf(stat, len(obs_a) - 1)
+
+
+def tv_distance(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Total variation distance between the empirical distribution and `probs`."""
+    counts = np.asarray(counts, dtype=np.float64).ravel()
+    probs = np.asarray(probs, dtype=np.float64).ravel()
+    return 0.5 * float(np.abs(counts / counts.sum() - probs).sum())
+
+
+# ----- fake target / draft model ----------------------------------------------------
+
+V_DEFAULT = 50
+
+
+def token_text(i: int) -> str:
+    """A distinct, multi-character text per token id (so stop strings can span tokens)."""
+    return f"t{i};"
+
+
+def periodic_next(context: Sequence[int], n_vocab: int = V_DEFAULT) -> int:
+    """Depends on the last token only: the continuation soon repeats (n-gram friendly)."""
+    return (context[-1] * 7 + 3) % n_vocab
+
+
+def mixed_next(context: Sequence[int], n_vocab: int = V_DEFAULT) -> int:
+    """Depends on the last token and, coarsely, the position: n-gram drafts are right
+    for a while, then wrong, then right again (mixed acceptance)."""
+    return (context[-1] * 7 + len(context) // 6) % n_vocab
+
+
+def onehot_logits(nxt: int, n_vocab: int) -> np.ndarray:
+    """Logits whose argmax is `nxt`, with a non-trivial rest (not a pure one-hot)."""
+    row = np.linspace(-1.0, 0.0, n_vocab, dtype=np.float32)
+    row[nxt] = 4.0
+    return row
+
+
+class FakeDetokenizer:
+    """Same contract as backend.Detokenizer: add(token) -> text, flush() -> text, with
+    split multi-byte UTF-8 characters held back."""
+
+    def __init__(self, model: FakeModel) -> None:
+        self.model = model
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, token: int) -> str:
+        return self.decoder.decode(self.model.token_piece(token))
+
+    def flush(self) -> str:
+        return self.decoder.decode(b"", final=True)
+
+
+class Interrupted(Exception):
+    """Raised by FakeModel.decode to simulate Ctrl-C in the middle of llama_decode."""
+
+
+class FakeModel:
+    """A deterministic stand-in for backend.Model.
+
+    logits_fn(context) -> (n_vocab,) logits for the token after `context`. The default
+    is greedy-friendly: the argmax is next_fn(context).
+    """
+
+    def __init__(
+        self,
+        n_vocab: int = V_DEFAULT,
+        n_ctx: int = 512,
+        eos: int | None = None,
+        next_fn: Callable[[Sequence[int], int], int] = periodic_next,
+        logits_fn: Callable[[Sequence[int]], np.ndarray] | None = None,
+        texts: dict[int, bytes] | None = None,
+    ) -> None:
+        self.n_vocab = n_vocab
+        self.n_ctx = n_ctx
+        self.eos = eos
+        self.next_fn = next_fn
+        self.logits_fn = logits_fn or (lambda ctx: onehot_logits(next_fn(ctx, n_vocab), n_vocab))
+        self.texts = texts or {}
+        self.cached: list[int] = []  # the bookkeeping (what backend.Model calls `cached`)
+        self.cells: list[int] = []  # what the simulated KV cache really holds
+        self.llama_s = 0.0
+        self.calls: list[tuple[str, int]] = []  # ("prefill"|"decode", batch size)
+        self.interrupt_on_decode: int | None = None  # raise Interrupted on this decode call
+
+    # --- reference ---------------------------------------------------------------
+
+    def continuation(self, context: Sequence[int], n: int) -> list[int]:
+        """The greedy continuation (argmax chain) of `context`, n tokens."""
+        ctx = list(context)
+        out = []
+        for _ in range(n):
+            tok = int(np.argmax(self.logits_fn(ctx)))
+            out.append(tok)
+            ctx.append(tok)
+        return out
+
+    # --- vocabulary --------------------------------------------------------------
+
+    def is_eog(self, token: int) -> bool:
+        return self.eos is not None and token == self.eos
+
+    def token_piece(self, token: int) -> bytes:
+        return self.texts.get(token, token_text(token).encode())
+
+    def detokenizer(self) -> FakeDetokenizer:
+        return FakeDetokenizer(self)
+
+    # --- decoding ----------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cached)
+
+    @property
+    def decode_sizes(self) -> list[int]:
+        return [n for kind, n in self.calls if kind == "decode"]
+
+    def decode(self, tokens: Sequence[int], logits: str | Sequence[int] = "last") -> np.ndarray:
+        self.calls.append(("decode", len(tokens)))
+        return self._decode(tokens, logits)
+
+    def _decode(self, tokens: Sequence[int], logits: str | Sequence[int]) -> np.ndarray:
+        tokens = [int(t) for t in tokens]
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode needs at least one token")
+        if self.n_past + n > self.n_ctx:
+            raise ContextFull(f"context full: {self.n_past + n} > {self.n_ctx}")
+        assert self.cells == self.cached, "KV cells and bookkeeping diverged before a decode"
+        base = self.n_past
+        self.cells.extend(tokens)  # the cells are written first ...
+        if self.interrupt_on_decode is not None:
+            self.interrupt_on_decode -= 1
+            if self.interrupt_on_decode < 0:
+                self.interrupt_on_decode = None
+                raise Interrupted("interrupted inside decode")
+        self.cached.extend(tokens)  # ... and the bookkeeping only on success
+        if isinstance(logits, str):
+            rows = [n - 1] if logits == "last" else list(range(n))
+        else:
+            rows = list(logits)
+        ctx = self.cached
+        out = np.stack([np.asarray(self.logits_fn(ctx[: base + r + 1]), dtype=np.float32) for r in rows])
+        return out
+
+    def rewind(self, n_past: int, force: bool = False) -> None:
+        if n_past < self.n_past or force:
+            del self.cells[n_past:]
+            del self.cached[n_past:]
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        n = 0
+        for a, b in zip(self.cached, tokens):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def prefill(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+        keep = min(self.common_prefix(tokens), len(tokens) - 1)
+        self.rewind(keep)
+        self.calls.append(("prefill", len(tokens) - keep))
+        return self._decode(tokens[keep:], "last")[0], len(tokens) - keep
+
+
+# ----- drafters ---------------------------------------------------------------------
+
+
+class PerfectDrafter:
+    """Proposes exactly the fake target's greedy continuation."""
+
+    name = "perfect"
+
+    def __init__(self, model: FakeModel) -> None:
+        self.model = model
+        self.calls = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        self.calls += 1
+        return Draft(tokens=self.model.continuation(context, k), source=self.name)
+
+
+class GarbageDrafter:
+    """Proposes k tokens of which the first is always wrong (never the target's argmax)."""
+
+    name = "garbage"
+
+    def __init__(self, model: FakeModel) -> None:
+        self.model = model
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        true = self.model.continuation(context, k)
+        return Draft(tokens=[(t + 1) % self.model.n_vocab for t in true], source=self.name)
+
+
+class OverlongDrafter:
+    """Ignores k and always proposes far too many (correct) tokens."""
+
+    name = "overlong"
+
+    def __init__(self, model: FakeModel, n: int = 40) -> None:
+        self.model = model
+        self.n = n
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        return Draft(tokens=self.model.continuation(context, self.n), source=self.name)

@@ -1,0 +1,231 @@
+"""NgramDrafter (prompt lookup): matching rules, the `extra` source, incremental index
+sync and re-indexing. Pure Python."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from localspec.drafters import Draft, HybridDrafter, NgramDrafter, NoDrafter
+
+
+def fresh(prompt, **kw) -> NgramDrafter:
+    d = NgramDrafter(**kw)
+    d.begin(prompt)
+    return d
+
+
+def brute_force(context, k, ngram_min, ngram_max, extra=()):
+    """Reference: for n from ngram_max down to ngram_min, the most recent earlier
+    occurrence of the context's n-suffix that has at least one token after it, searched
+    in the context first and then in `extra`; the draft is what follows (up to k)."""
+    context, extra = list(context), list(extra)
+    for n in range(ngram_max, ngram_min - 1, -1):
+        if n > len(context):
+            continue
+        suffix = context[-n:]
+        for src, limit in ((context, len(context) - 1), (extra, len(extra) - 1)):
+            # occurrence ending at e (exclusive) with src[e] existing: e <= limit
+            for e in range(limit, n - 1, -1):
+                if src[e - n : e] == suffix:
+                    return src[e : e + k], n
+    return [], 0
+
+
+def test_no_match_gives_empty_draft():
+    d = fresh([1, 2, 3, 4])
+    out = d.draft([1, 2, 3, 4], 5)
+    assert out.tokens == [] and out.match_len == 0 and out.source == "ngram"
+    assert isinstance(out, Draft)
+
+
+def test_single_token_match_copies_what_followed():
+    ctx = [5, 6, 7, 8, 5]
+    out = fresh(ctx).draft(ctx, 3)
+    assert out.tokens == [6, 7, 8] and out.match_len == 1
+
+
+def test_longest_match_preferred_over_shorter_and_more_recent():
+    # suffix [1, 2, 3]: "3" alone occurs most recently at index 6 (followed by 50),
+    # but the 3-gram [1, 2, 3] occurs at 0..2 (followed by 10, 11)
+    ctx = [1, 2, 3, 10, 11, 9, 3, 50, 51, 1, 2, 3]
+    out = fresh(ctx).draft(ctx, 2)
+    assert out.tokens == [10, 11]
+    assert out.match_len == 3
+    # with ngram_max=1 only the 1-gram is considered: most recent "3" -> 50, 51
+    assert fresh(ctx, ngram_max=1).draft(ctx, 2).tokens == [50, 51]
+
+
+def test_most_recent_occurrence_wins():
+    ctx = [7, 8, 1, 7, 8, 2, 7, 8, 3, 0, 7, 8]
+    out = fresh(ctx).draft(ctx, 2)
+    assert out.tokens == [3, 0] and out.match_len == 2
+
+
+def test_draft_limited_to_k():
+    ctx = list(range(20)) + [0]
+    d = fresh(ctx)
+    for k in (1, 2, 5, 19):
+        assert d.draft(ctx, k).tokens == list(range(1, k + 1))
+    # more than what follows the match: stops at the end of the context
+    assert d.draft(ctx, 100).tokens == list(range(1, 20)) + [0]
+
+
+@pytest.mark.parametrize("k", [0, -3])
+def test_non_positive_k_gives_empty_draft(k):
+    ctx = [1, 2, 1]
+    assert fresh(ctx).draft(ctx, k).tokens == []
+
+
+def test_ngram_min_respected():
+    ctx = [4, 9, 9, 5, 9]  # only a 1-gram match ("9", most recently at index 2)
+    assert fresh(ctx, ngram_min=1).draft(ctx, 3).tokens == [5, 9]
+    assert fresh(ctx, ngram_min=2, ngram_max=4).draft(ctx, 3).tokens == []
+    ctx2 = [4, 9, 1, 2, 4, 9]  # a 2-gram match
+    out = fresh(ctx2, ngram_min=2, ngram_max=4).draft(ctx2, 3)
+    assert out.tokens == [1, 2, 4] and out.match_len == 2
+
+
+def test_ngram_max_bounds_match_len():
+    ctx = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5]
+    out = fresh(ctx, ngram_max=2).draft(ctx, 1)
+    assert out.tokens == [6] and out.match_len == 2
+    out = fresh(ctx, ngram_max=5).draft(ctx, 1)
+    assert out.match_len == 5
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 3), (3, 2), (-1, 1)])
+def test_bad_sizes_rejected(lo, hi):
+    with pytest.raises(ValueError):
+        NgramDrafter(ngram_min=lo, ngram_max=hi)
+
+
+def test_context_shorter_than_ngram_sizes():
+    assert fresh([3]).draft([3], 4).tokens == []
+    assert fresh([3, 3]).draft([3, 3], 4).tokens == [3]
+
+
+def test_extra_used_when_context_has_no_match():
+    extra = [100, 101, 102, 103, 104]
+    ctx = [1, 2, 102]
+    out = fresh(ctx, extra=extra).draft(ctx, 2)
+    assert out.tokens == [103, 104] and out.match_len == 1
+
+
+def test_context_preferred_over_extra_at_same_size():
+    extra = [7, 60, 61]
+    ctx = [7, 50, 51, 7]
+    assert fresh(ctx, extra=extra).draft(ctx, 2).tokens == [50, 51]
+
+
+def test_longer_match_in_extra_beats_shorter_in_context():
+    extra = [1, 2, 3, 90, 91]
+    ctx = [3, 40, 41, 1, 2, 3]
+    out = fresh(ctx, extra=extra).draft(ctx, 2)
+    assert out.tokens == [90, 91] and out.match_len == 3
+
+
+def test_extra_last_ngram_has_no_continuation():
+    extra = [5, 6]
+    ctx = [9, 6]  # "6" occurs in extra only at its very end: nothing to copy
+    assert fresh(ctx, extra=extra).draft(ctx, 3).tokens == []
+
+
+def test_extra_survives_begin():
+    extra = [8, 80, 81]
+    d = fresh([8], extra=extra)
+    assert d.draft([8], 2).tokens == [80, 81]
+    d.begin([1, 8])
+    assert d.draft([1, 8], 2).tokens == [80, 81]
+
+
+def test_incremental_sync_after_appending_tokens():
+    d = fresh([1, 2, 3])
+    ctx = [1, 2, 3]
+    assert d.draft(ctx, 4).tokens == []
+    ctx += [1, 2]  # appended by the engine (accepted tokens / correction)
+    assert d.draft(ctx, 4).tokens == [3, 1, 2]
+    ctx += [3, 7]
+    assert d.draft(ctx, 4).tokens == []
+    ctx += [1, 2, 3]
+    out = d.draft(ctx, 4)
+    assert out.tokens == [7, 1, 2, 3] and out.match_len == 3
+    assert d.ctx.tokens == ctx  # the index follows the context exactly
+
+
+def test_draft_without_begin_syncs_from_scratch():
+    d = NgramDrafter()
+    assert d.draft([4, 5, 4], 2).tokens == [5, 4]
+
+
+def test_reindex_after_rewind_to_shorter_context():
+    ctx = [1, 2, 3, 1, 9, 9, 9, 1]
+    d = fresh(ctx)
+    assert d.draft(ctx, 2).tokens == [9, 9]
+    # rewound: the 9s are gone, the latest "1" is followed by 2, 3 again
+    short = [1, 2, 3, 1]
+    assert d.draft(short, 2).tokens == [2, 3]
+    assert d.ctx.tokens == short
+
+
+def test_reindex_when_last_token_differs():
+    ctx = [1, 2, 3, 4, 1]
+    d = fresh(ctx)
+    assert d.draft(ctx, 2).tokens == [2, 3]
+    # same length, different last token: must not keep the old index
+    other = [5, 6, 7, 8, 5]
+    assert d.draft(other, 2).tokens == [6, 7]
+    assert d.ctx.tokens == other
+    # longer, but its token at the old end differs: re-indexed, not extended
+    longer = [9, 9, 9, 9, 2, 9]
+    out = d.draft(longer, 2)
+    assert d.ctx.tokens == longer
+    assert out.tokens == [2, 9] and out.match_len == 1
+    assert (out.tokens, out.match_len) == brute_force(longer, 2, 1, 4)
+
+
+def test_matches_brute_force_on_random_growing_contexts():
+    rnd = random.Random(1234)
+    for trial in range(150):
+        vocab = rnd.choice([2, 3, 5, 12])
+        lo = rnd.randint(1, 3)
+        hi = rnd.randint(lo, 5)
+        extra = [rnd.randrange(vocab) for _ in range(rnd.randint(0, 15))]
+        ctx = [rnd.randrange(vocab) for _ in range(rnd.randint(1, 8))]
+        d = NgramDrafter(ngram_min=lo, ngram_max=hi, extra=extra)
+        d.begin(ctx)
+        for _ in range(12):
+            k = rnd.randint(0, 6)
+            out = d.draft(ctx, k)
+            want, n = brute_force(ctx, k, lo, hi, extra) if k > 0 else ([], 0)
+            assert out.tokens == want, (trial, ctx, extra, lo, hi, k)
+            if want:
+                assert out.match_len == n
+            ctx = ctx + [rnd.randrange(vocab) for _ in range(rnd.randint(1, 3))]
+
+
+def test_hybrid_prefers_ngram_then_model():
+    class Fixed:
+        name = "model"
+
+        def begin(self, prompt):
+            self.begun = list(prompt)
+
+        def draft(self, context, k):
+            return Draft(tokens=[42] * k, source="model")
+
+    model = Fixed()
+    h = HybridDrafter(NgramDrafter(), model)
+    h.begin([1, 2, 1])
+    assert model.begun == [1, 2, 1]
+    found = h.draft([1, 2, 1], 3)
+    assert found.tokens == [2, 1] and found.source == "ngram"
+    fallback = h.draft([1, 2, 1, 7], 3)
+    assert fallback.tokens == [42, 42, 42] and fallback.source == "model"
+
+
+def test_no_drafter_never_drafts():
+    d = NoDrafter()
+    d.begin([1, 1, 1])
+    assert d.draft([1, 1, 1], 8).tokens == []
