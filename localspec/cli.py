@@ -13,7 +13,7 @@ import click
 from localspec import __version__
 from localspec.errors import LocalspecError
 from localspec.options import (
-    gen_config, gen_options, load_options, model_options, sampling_config, sampling_options,
+    gen_config, gen_options, load_options, log_options, model_options, sampling_config, sampling_options,
     spec_config, spec_options,
 )
 
@@ -88,12 +88,15 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 @gen_options()
 @click.option("--system", default=None, help="system message for the chat template")
 @click.option("--raw", is_flag=True, help="send the text as is, without the chat template")
-@click.option("--stats", "stats_format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="how to print generation stats on stderr")
+@click.option("--stats", "stats_format", type=click.Choice(["text", "json", "policy"]),
+              default="text", show_default=True,
+              help="stats on stderr: one line, a JSON record, or the line plus how often the auto "
+                   "policy chose each drafter and k (expected vs realised tokens per round)")
 @click.option("-q", "--quiet", is_flag=True, help="print no stats")
+@log_options
 @click.pass_context
 def run(ctx: click.Context, prompt: tuple[str, ...], system: str | None, raw: bool,
-        stats_format: str, quiet: bool, **kw) -> None:
+        stats_format: str, quiet: bool, tag: str | None, no_log: bool, **kw) -> None:
     """Generate a reply to PROMPT; text piped on stdin is appended as context.
 
     \b
@@ -108,6 +111,7 @@ def run(ctx: click.Context, prompt: tuple[str, ...], system: str | None, raw: bo
     run_generation(
         opts, spec, sampling_config(kw), gen_config(kw), text,
         system=system, raw=raw, stats_format=None if quiet else stats_format,
+        tag=tag, log=not no_log,
     )
 
 

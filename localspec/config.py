@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SPEC_MODES = ("none", "ngram", "model", "hybrid")
+SPEC_MODES = ("auto", "none", "ngram", "model", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class SamplingConfig:
 class SpecConfig:
     """Which drafter and how many tokens to draft per round."""
 
-    mode: str = "ngram"  # none | ngram | model | hybrid
+    mode: str = "ngram"  # auto | none | ngram | model | hybrid
     draft_max: int = 16
     draft_min: int = 0
     draft_p_min: float = 0.75  # model drafter stops when its top prob falls below

@@ -62,6 +62,7 @@ class GenerationStats:
     accepted_by_pos: list[int] = field(default_factory=list)
     drafter: str = "none"
     stop_reason: str = ""
+    policy: dict = field(default_factory=dict)  # auto: (drafter:k) -> rounds, expected, realised
 
     @property
     def acceptance(self) -> float:
@@ -255,10 +256,12 @@ def generate(
             rows = target.decode([id_last, *draft.tokens], "all")
             n_accept, id_next = _verify(rows, draft, sampling, rng)
             target.rewind(n_past + 1 + n_accept)  # keep id_last and the accepted prefix
+            t_verify = time.perf_counter() - tv
             stats.draft_s += tv - td
-            stats.verify_s += time.perf_counter() - tv
+            stats.verify_s += t_verify
             _count_round(stats, len(draft.tokens), n_accept)
             policy.update(len(draft.tokens), n_accept)
+            drafter.observe(len(draft.tokens), n_accept, t_verify, tv - td)
             yield Round(len(draft.tokens), n_accept, draft.source, k)
             for i, tok in enumerate([*draft.tokens[:n_accept], id_next]):
                 tokens.append(tok)
@@ -272,6 +275,7 @@ def generate(
             id_last = id_next
         stats.decode_s = time.perf_counter() - t1
         stats.llama_s = sum(m.llama_s for m in models) - llama1
+        stats.policy = drafter.report()
         yield Done(stats, out.tail())
     finally:
         # whatever happened (consumer stopped early, Ctrl-C mid-decode), the cache

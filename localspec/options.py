@@ -46,11 +46,13 @@ def model_options(default_draft: bool = False) -> Callable:
 
 def spec_options(f: Callable) -> Callable:
     return _stack(
-        click.option("--spec", type=click.Choice(SPEC_CHOICES), default=None,
-                     help="drafting: none, ngram (prompt lookup), model, hybrid (n-gram, else the "
-                          "model) [default: hybrid with --draft, else ngram]"),
+        click.option("--spec", type=click.Choice(SPEC_CHOICES), default="auto", show_default=True,
+                     envvar="LOCALSPEC_SPEC",
+                     help="drafting: auto (picks drafter and k each round from measured costs and "
+                          "acceptance), none, ngram (prompt lookup), model, hybrid (n-gram, else "
+                          "the model)"),
         click.option("--draft-max", "--spec-draft-n-max", "draft_max", type=click.IntRange(0, 64),
-                     default=16, show_default=True, help="most tokens drafted per round"),
+                     default=None, help="most tokens drafted per round [default: 32 for auto, else 16]"),
         click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=click.IntRange(0, 64),
                      default=0, show_default=True, help="drafts shorter than this are not verified"),
         click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min",
@@ -84,6 +86,15 @@ def gen_options(default_max: int = 512) -> Callable:
     )
 
 
+def log_options(f: Callable) -> Callable:
+    return _stack(
+        click.option("--tag", default=None,
+                     help="workload tag for the acceptance log [default: classified: code, json, edit, prose]"),
+        click.option("--no-log", is_flag=True, envvar="LOCALSPEC_NO_LOG",
+                     help="do not record this generation in the acceptance log"),
+    )(f)
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load the target and draft models."""
@@ -106,18 +117,19 @@ def load_options(kw: dict, verbose: bool = False) -> LoadOptions:
 
 
 def spec_config(kw: dict, has_draft: bool) -> SpecConfig:
-    mode = kw.pop("spec") or ("hybrid" if has_draft else "ngram")
+    mode = kw.pop("spec") or "auto"
     if mode in ("model", "hybrid") and not has_draft:
         raise click.UsageError(f"--spec {mode} needs a draft model (--draft)")
-    if mode == "auto":  # until the calibrated policy lands: the best default we know
-        mode = "hybrid" if has_draft else "ngram"
     ngram_min, ngram_max = kw.pop("ngram_min"), kw.pop("ngram_max")
     if ngram_min > ngram_max:
         raise click.UsageError("--ngram-min must not exceed --ngram-max")
+    draft_max = kw.pop("draft_max")
+    fixed_k = kw.pop("fixed_k")
     return SpecConfig(
-        mode=mode, draft_max=kw.pop("draft_max"), draft_min=kw.pop("draft_min"),
-        draft_p_min=kw.pop("draft_p_min"), ngram_min=ngram_min, ngram_max=ngram_max,
-        adaptive=not kw.pop("fixed_k"),
+        mode=mode, draft_max=draft_max if draft_max is not None else (32 if mode == "auto" else 16),
+        draft_min=kw.pop("draft_min"), draft_p_min=kw.pop("draft_p_min"),
+        ngram_min=ngram_min, ngram_max=ngram_max,
+        adaptive=not fixed_k and mode != "auto",  # auto chooses k itself
     )
 
 

@@ -10,6 +10,7 @@ import click
 from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.engine import Done, GenerationStats, Token, generate
 from localspec.errors import UsageError
+from localspec.logdb import log_generation
 from localspec.options import LoadOptions
 from localspec.runtime import chat_prompt, make_drafter, open_runtime
 
@@ -47,8 +48,12 @@ def stats_line(stats: GenerationStats) -> str:
 def print_stats(stats: GenerationStats, fmt: str | None) -> None:
     if fmt == "json":
         click.echo(json.dumps(stats.to_dict()), err=True)
-    elif fmt == "text":
+    elif fmt in ("text", "policy"):
         click.echo(stats_line(stats), err=True)
+    if fmt == "policy":
+        for choice, row in stats.policy.items():
+            click.echo(f"  {choice:>10}: {row['rounds']:4d} rounds, expected {row['expected']:.2f}"
+                       f" tokens/round, realised {row['realised']:.2f}", err=True)
 
 
 def run_generation(
@@ -61,26 +66,28 @@ def run_generation(
     system: str | None,
     raw: bool,
     stats_format: str | None,
+    tag: str | None = None,
+    log: bool = True,
 ) -> GenerationStats | None:
     """Load, generate, stream to stdout. Ctrl-C stops and keeps what was printed."""
-    with open_runtime(opts, want_draft=spec.mode in ("model", "hybrid")) as rt:
+    with open_runtime(opts, want_draft=spec.mode in ("auto", "model", "hybrid")) as rt:
         target = rt.target
         prompt = target.tokenize(text) if raw else chat_prompt(target, text, system)
-        drafter = make_drafter(spec, sampling, rt.draft)
+        drafter = make_drafter(spec, sampling, rt.draft, target=target)
         events = generate(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen,
                           draft_model=rt.draft)
         out = sys.stdout
         stats = None
-        last = ""
+        pieces: list[str] = []
         try:
             for ev in events:
                 if isinstance(ev, Token) and ev.text:
                     out.write(ev.text)
                     out.flush()
-                    last = ev.text
+                    pieces.append(ev.text)
                 elif isinstance(ev, Done):
                     out.write(ev.text)
-                    last = ev.text or last
+                    pieces.append(ev.text)
                     stats = ev.stats
         except KeyboardInterrupt:
             events.close()  # the engine's finally leaves the KV cache consistent
@@ -90,9 +97,15 @@ def run_generation(
             raise SystemExit(130) from None
         finally:
             events.close()
-        if last and not last.endswith("\n"):
+        output = "".join(pieces)
+        if output and not output.endswith("\n"):
             out.write("\n")
         out.flush()
         if stats is not None:
             print_stats(stats, stats_format)
+            log_generation(
+                "run", stats, target=target.path, draft=rt.draft.path if rt.draft else None,
+                spec=spec, sampling=sampling, tag=tag, prompt_text=text, output_text=output,
+                enabled=log,
+            )
         return stats

@@ -11,9 +11,11 @@ from localspec.backend import Model
 from localspec.compat import check_pair
 from localspec.config import ModelConfig, SamplingConfig, SpecConfig
 from localspec.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
+from localspec.drafters.auto import AutoDrafter
 from localspec.drafters.model import ModelDrafter
 from localspec.errors import UsageError
 from localspec.options import LoadOptions
+from localspec.profile import load_profile
 
 
 @dataclass
@@ -62,16 +64,21 @@ def make_drafter(
     sampling: SamplingConfig,
     draft_model: Model | None,
     extra: Sequence[int] = (),
+    target: Model | None = None,
 ) -> Drafter:
-    """The drafter for `spec.mode`; `extra` is a second n-gram source (a file's tokens)."""
+    """The drafter for `spec.mode`; `extra` is a second n-gram source (a file's tokens).
+    `auto` uses the calibration profile of `target` (and the draft) when one exists."""
     if spec.mode == "none":
         return NoDrafter()
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra)
     if spec.mode == "ngram":
         return ngram
-    if draft_model is None:
+    model = ModelDrafter(draft_model, sampling, spec.draft_p_min) if draft_model else None
+    if spec.mode == "auto":
+        profile = load_profile(target, draft_model) if target is not None else None
+        return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max))
+    if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")
-    model = ModelDrafter(draft_model, sampling, spec.draft_p_min)
     return model if spec.mode == "model" else HybridDrafter(ngram, model)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from localspec.drafters.base import Draft
+from localspec.drafters.base import Draft, DrafterBase
 from localspec.errors import ContextFull
 
 # ----- statistics -------------------------------------------------------------------
@@ -220,7 +220,7 @@ class FakeModel:
 # ----- drafters ---------------------------------------------------------------------
 
 
-class PerfectDrafter:
+class PerfectDrafter(DrafterBase):
     """Proposes exactly the fake target's greedy continuation."""
 
     name = "perfect"
@@ -237,7 +237,7 @@ class PerfectDrafter:
         return Draft(tokens=self.model.continuation(context, k), source=self.name)
 
 
-class GarbageDrafter:
+class GarbageDrafter(DrafterBase):
     """Proposes k tokens of which the first is always wrong (never the target's argmax)."""
 
     name = "garbage"
@@ -253,7 +253,7 @@ class GarbageDrafter:
         return Draft(tokens=[(t + 1) % self.model.n_vocab for t in true], source=self.name)
 
 
-class OverlongDrafter:
+class OverlongDrafter(DrafterBase):
     """Ignores k and always proposes far too many (correct) tokens."""
 
     name = "overlong"

@@ -21,6 +21,7 @@ from fakes import (
 import localspec.engine as engine_mod
 from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.drafters import Draft, NgramDrafter, NoDrafter
+from localspec.drafters.base import DrafterBase
 from localspec.drafters.model import ModelDrafter
 from localspec.engine import Done, Round, StopMatcher, Token, collect, generate
 from localspec.errors import ContextFull
@@ -153,7 +154,7 @@ def test_spec_mode_none_never_drafts():
 
 
 def test_draft_shorter_than_draft_min_is_dropped():
-    class Short:
+    class Short(DrafterBase):
         name = "short"
 
         def begin(self, prompt):
@@ -567,7 +568,7 @@ def sampled_counts(make_drafter, n_seeds=N_SEEDS):
     return counts, n_drafted
 
 
-class ArgmaxChainDrafter:
+class ArgmaxChainDrafter(DrafterBase):
     """Deterministic (q=None) draft: the target's most likely continuation."""
 
     name = "argmax"

@@ -32,8 +32,24 @@ class Drafter(Protocol):
         An empty draft is valid: the engine then decodes one token plainly.
         """
 
+    def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
+        """Feedback after each verify (the auto policy learns from it)."""
 
-class NoDrafter:
+    def report(self) -> dict:
+        """Drafter-specific statistics for the end of a generation."""
+
+
+class DrafterBase:
+    """No-op feedback hooks for drafters that do not learn."""
+
+    def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
+        pass
+
+    def report(self) -> dict:
+        return {}
+
+
+class NoDrafter(DrafterBase):
     """Plain decoding: never proposes anything."""
 
     name = "none"

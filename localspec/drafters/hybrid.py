@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localspec.drafters.base import Draft, Drafter
+from localspec.drafters.base import Draft, Drafter, DrafterBase
 
 
-class HybridDrafter:
+class HybridDrafter(DrafterBase):
     name = "hybrid"
 
     def __init__(self, ngram: Drafter, model: Drafter) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from localspec.backend import Model
 from localspec.config import SamplingConfig
-from localspec.drafters.base import Draft
+from localspec.drafters.base import Draft, DrafterBase
 from localspec.sampling import probs_from_logits, sample
 
 
@@ -19,7 +19,7 @@ def _top_prob(logits: np.ndarray) -> float:
     return float(1.0 / np.exp(logits - logits.max()).sum())
 
 
-class ModelDrafter:
+class ModelDrafter(DrafterBase):
     name = "model"
 
     def __init__(self, model: Model, sampling: SamplingConfig, p_min: float = 0.0) -> None:

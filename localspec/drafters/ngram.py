@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localspec.drafters.base import Draft
+from localspec.drafters.base import Draft, DrafterBase
 
 
 class _Index:
@@ -29,7 +29,7 @@ class _Index:
         return self.last[len(suffix)].get(suffix)
 
 
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     """Longest suffix match from ngram_max down to ngram_min, most recent occurrence.
 
     `extra` is an optional second source (e.g. a file's tokens) searched after the

@@ -1,0 +1,181 @@
+"""`--spec auto`: each round, pick the drafter and k that maximise expected tokens per
+unit of time, including k = 0 (plain decode) when nothing pays.
+
+  expected tokens  E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i      (a_i: P(accept i | accepted < i))
+  cost             C(k) = V(k + 1) + k * c                   (in one-token decode times)
+  choose           argmax_k E(k) / C(k); plain decode scores 1 / V(1) = 1
+
+V(n) comes from the calibration profile (`localspec tune`) and is refined online from
+the verify times this run measures; c is the draft model's cost ratio (0 for n-gram).
+Acceptance a_i is estimated per drafter (and, for n-gram drafts, per matched suffix
+length, since long matches copy long runs as in suffix decoding), from decaying counts
+smoothed toward the previous position's estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from localspec.drafters.base import Draft, Drafter, DrafterBase
+from localspec.profile import Profile
+
+DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
+SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
+EXPLORE_EVERY = 64  # rounds between probes of a drafter the policy has written off
+
+
+def _default_v(n: int) -> float:
+    # a CPU-like prior (DESIGN.md: 1.5B on 2 cores), replaced as soon as we measure
+    return 1.0 + 0.3 * (min(n, 8) - 1) + 0.02 * max(0, n - 8)
+
+
+class CostModel:
+    """V(n): measured verify time for n tokens relative to one, EMA per batch size."""
+
+    def __init__(self, profile: Profile | None, n_max: int) -> None:
+        self.n_max = n_max + 1
+        self.prior = [profile.v(n) if profile else _default_v(n) for n in range(1, self.n_max + 1)]
+        self.seconds: list[float | None] = [None] * (self.n_max + 1)
+        self.c_model = profile.c if profile and profile.c else None
+        self.draft_token_s: float | None = None
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        if 1 <= n <= self.n_max:
+            old = self.seconds[n]
+            self.seconds[n] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens:
+            per = seconds / n_tokens
+            old = self.draft_token_s
+            self.draft_token_s = per if old is None else 0.8 * old + 0.2 * per
+
+    def v(self, n: int) -> float:
+        n = min(max(n, 1), self.n_max)
+        t1, tn = self.seconds[1], self.seconds[n]
+        if t1 and tn:
+            return max(tn / t1, 1.0)
+        if t1:  # scale the prior by the nearest measured size
+            for m in range(n, 0, -1):
+                if self.seconds[m]:
+                    return max(self.seconds[m] / t1, 1.0) * self.prior[n - 1] / self.prior[m - 1]
+        return self.prior[n - 1]
+
+    def c(self) -> float:
+        if self.draft_token_s and self.seconds[1]:
+            return self.draft_token_s / self.seconds[1]
+        return self.c_model if self.c_model is not None else 0.5
+
+
+class AcceptModel:
+    """Conditional acceptance by draft position, from decaying counts."""
+
+    def __init__(self, prior: float, n_max: int) -> None:
+        self.prior = prior
+        self.reached = [0.0] * n_max
+        self.accepted = [0.0] * n_max
+
+    def rates(self, k: int) -> list[float]:
+        out, prev = [], self.prior
+        for i in range(k):
+            prev = (self.accepted[i] + SMOOTH * prev) / (self.reached[i] + SMOOTH)
+            out.append(prev)
+        return out
+
+    def observe(self, n_draft: int, n_accept: int) -> None:
+        for i in range(len(self.reached)):
+            self.reached[i] *= DECAY
+            self.accepted[i] *= DECAY
+        for i in range(min(n_draft, n_accept + 1, len(self.reached))):
+            self.reached[i] += 1.0
+            if i < n_accept:
+                self.accepted[i] += 1.0
+
+
+def best_k(rates: Sequence[float], cost: CostModel, c: float) -> tuple[int, float, float]:
+    """(k, expected tokens, expected tokens per one-token time); k = 0 is plain decode."""
+    best = (0, 1.0, 1.0 / cost.v(1))
+    expected, survive = 1.0, 1.0
+    for k, a in enumerate(rates, start=1):
+        survive *= a
+        expected += survive
+        rate = expected / (cost.v(k + 1) + k * c)
+        if rate > best[2]:
+            best = (k, expected, rate)
+    return best
+
+
+def _bucket(match_len: int) -> int:
+    return min(match_len, 6)
+
+
+class AutoDrafter(DrafterBase):
+    """Chooses between n-gram, the draft model (when loaded) and no draft, each round."""
+
+    name = "auto"
+
+    def __init__(self, ngram: Drafter, model: Drafter | None, profile: Profile | None,
+                 k_max: int = 32) -> None:
+        self.ngram = ngram
+        self.model = model
+        self.k_max = k_max
+        self.cost = CostModel(profile, k_max)
+        self.ngram_acc = {b: AcceptModel(0.35 + 0.1 * b, k_max) for b in range(1, 7)}
+        self.model_acc = AcceptModel(0.6, k_max)
+        self.rounds = 0
+        self.choices: dict[tuple[str, int], list[float]] = {}  # (source, k) -> [n, expected, realised]
+        self._last: tuple[str, int, float, int] = ("none", 0, 1.0, 0)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.ngram.begin(prompt)
+        if self.model is not None:
+            self.model.begin(prompt)
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        self.rounds += 1
+        k = min(k, self.k_max)
+        found = self.ngram.draft(context, k)
+        plan = ("none", 0, 1.0, 0)
+        best_rate = 1.0 / self.cost.v(1)
+        if found.tokens:
+            b = _bucket(found.match_len)
+            kk, exp, rate = best_k(self.ngram_acc[b].rates(len(found.tokens)), self.cost, 0.0)
+            if kk == 0 and self.rounds % EXPLORE_EVERY == 0:
+                kk, exp, rate = 1, 1.0 + self.ngram_acc[b].rates(1)[0], best_rate
+            if kk and rate >= best_rate:
+                plan, best_rate = ("ngram", kk, exp, b), rate
+        if self.model is not None:
+            kk, exp, rate = best_k(self.model_acc.rates(k), self.cost, self.cost.c())
+            if kk == 0 and plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2:
+                kk, exp, rate = 2, 1.0, best_rate
+            if kk and rate > best_rate:
+                plan, best_rate = ("model", kk, exp, 0), rate
+        self._last = plan
+        source, kk, _, _ = plan
+        if source == "ngram":
+            return Draft(tokens=found.tokens[:kk], source="ngram", match_len=found.match_len)
+        if source == "model":
+            d = self.model.draft(context, kk)
+            d.source = "model"
+            return d
+        return Draft(source="none")
+
+    def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
+        source, k, expected, bucket = self._last
+        self.cost.observe_verify(n_draft + 1, verify_s)
+        if source == "ngram" and n_draft:
+            self.ngram_acc[bucket].observe(n_draft, n_accept)
+        elif source == "model" and n_draft:
+            self.model_acc.observe(n_draft, n_accept)
+            self.cost.observe_draft(n_draft, draft_s)
+        row = self.choices.setdefault((source, n_draft), [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += expected
+        row[2] += n_accept + 1
+
+    def report(self) -> dict:
+        """How often each (drafter, k) was chosen, expected vs realised tokens per round."""
+        return {
+            f"{src}:{k}": {"rounds": int(n), "expected": e / n, "realised": r / n}
+            for (src, k), (n, e, r) in sorted(self.choices.items())
+        }
