@@ -96,7 +96,7 @@ def _time_decode(model: Model, base: list[int], n: int, reps: int) -> float:
     return float(np.median(times))
 
 
-def measure_vcurve(model: Model, n_max: int = N_MAX, reps: int = 3,
+def measure_vcurve(model: Model, n_max: int = N_MAX, reps: int = 2,
                    tick: Callable[[], None] | None = None) -> tuple[float, list[float]]:
     """(seconds for one token, [V(1)..V(n_max)]) on a short warm context."""
     base = model.tokenize("def measure(n):\n    return sum(range(n)) * 2\n" * 4)
