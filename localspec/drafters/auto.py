@@ -32,7 +32,8 @@ def _default_v(n: int) -> float:
 class CostModel:
     """V(n): measured verify time for n tokens relative to one, EMA per batch size."""
 
-    def __init__(self, profile: Profile | None, n_max: int) -> None:
+    def __init__(self, profile: Profile | None, n_max: int, learn: bool = True) -> None:
+        self.learn = learn  # False: trust the profile/prior only (reproducible decisions)
         self.n_max = n_max + 1
         self.prior = [profile.v(n) if profile else _default_v(n) for n in range(1, self.n_max + 1)]
         self.seconds: list[float | None] = [None] * (self.n_max + 1)
@@ -52,14 +53,18 @@ class CostModel:
 
     def v(self, n: int) -> float:
         n = min(max(n, 1), self.n_max)
-        t1, tn = self.seconds[1], self.seconds[n]
-        if t1 and tn:
-            return max(tn / t1, 1.0)
-        if t1:  # scale the prior by the nearest measured size
-            for m in range(n, 0, -1):
-                if self.seconds[m]:
-                    return max(self.seconds[m] / t1, 1.0) * self.prior[n - 1] / self.prior[m - 1]
-        return self.prior[n - 1]
+        t1 = self.seconds[1]
+        if not t1 or not self.learn:
+            return self.prior[n - 1]
+        if self.seconds[n]:
+            return max(self.seconds[n] / t1, 1.0)
+        lo = max(m for m in range(1, n) if self.seconds[m])
+        hi = next((m for m in range(n + 1, self.n_max + 1) if self.seconds[m]), None)
+        v_lo = self.seconds[lo] / t1
+        if hi is None:  # beyond what we measured: follow the prior's shape
+            return max(v_lo * self.prior[n - 1] / self.prior[lo - 1], 1.0)
+        v_hi = self.seconds[hi] / t1  # between two measured sizes: interpolate
+        return max(v_lo + (v_hi - v_lo) * (n - lo) / (hi - lo), 1.0)
 
     def c(self) -> float:
         if self.draft_token_s and self.seconds[1]:
@@ -115,11 +120,11 @@ class AutoDrafter(DrafterBase):
     name = "auto"
 
     def __init__(self, ngram: Drafter, model: Drafter | None, profile: Profile | None,
-                 k_max: int = 32) -> None:
+                 k_max: int = 32, learn_costs: bool = True) -> None:
         self.ngram = ngram
         self.model = model
         self.k_max = k_max
-        self.cost = CostModel(profile, k_max)
+        self.cost = CostModel(profile, k_max, learn=learn_costs)
         self.ngram_acc = {b: AcceptModel(0.35 + 0.1 * b, k_max) for b in range(1, 7)}
         self.model_acc = AcceptModel(0.6, k_max)
         self.rounds = 0

@@ -1,0 +1,111 @@
+"""The auto policy: cost model, k choice, learning from feedback (pure logic, no models)."""
+
+from __future__ import annotations
+
+from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.drafters.auto import AcceptModel, AutoDrafter, CostModel, best_k
+from localspec.drafters.base import Draft, DrafterBase
+from localspec.drafters.ngram import NgramDrafter
+from localspec.engine import collect, generate
+from localspec.profile import Profile
+
+from fakes import FakeModel
+
+
+def _profile(v_per_token: float, c: float | None = None) -> Profile:
+    curve = [1.0 + v_per_token * (n - 1) for n in range(1, 33)]
+    return Profile(key="k", target="t", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                   t_token_s=0.1, vcurve=curve, prefill_tok_s=100.0,
+                   draft_t_token_s=0.1 * c if c is not None else None)
+
+
+def test_best_k_is_zero_when_nothing_pays():
+    cost = CostModel(_profile(0.5), 32)
+    k, expected, rate = best_k([0.3] * 16, cost, 0.0)
+    assert k == 0 and expected == 1.0 and rate == 1.0
+
+
+def test_best_k_drafts_long_when_verify_is_flat():
+    gpu_like = CostModel(_profile(0.01), 32)
+    k, _, rate = best_k([0.95] * 32, gpu_like, 0.0)
+    assert k >= 16 and rate > 5
+
+
+def test_best_k_accounts_for_draft_model_cost():
+    cost = CostModel(_profile(0.05), 32)
+    k_cheap, _, r_cheap = best_k([0.8] * 16, cost, 0.05)
+    k_dear, _, r_dear = best_k([0.8] * 16, cost, 0.9)
+    assert r_cheap > r_dear and k_cheap >= k_dear
+
+
+def test_online_measurements_replace_the_prior():
+    cost = CostModel(None, 32)
+    for _ in range(20):
+        cost.observe_verify(1, 0.10)
+        cost.observe_verify(9, 0.11)  # a GPU-like machine: 9 tokens cost about one
+    assert abs(cost.v(9) - 1.1) < 0.02
+    assert cost.v(5) < 1.5  # unmeasured sizes scale from the nearest measured one
+
+
+def test_accept_model_learns_and_decays():
+    acc = AcceptModel(prior=0.5, n_max=8)
+    for _ in range(50):
+        acc.observe(4, 4)
+    assert acc.rates(4)[0] > 0.9
+    for _ in range(100):
+        acc.observe(4, 0)
+    assert acc.rates(1)[0] < 0.2
+
+
+class _Fixed(DrafterBase):
+    """Proposes the fake target's true continuation with the first `wrong` tokens wrong."""
+
+    name = "fixed"
+
+    def __init__(self, model: FakeModel, good: bool, match_len: int = 4) -> None:
+        self.model, self.good, self.match_len = model, good, match_len
+
+    def begin(self, prompt):
+        pass
+
+    def draft(self, context, k):
+        toks = self.model.continuation(context, k)
+        if not self.good:
+            toks = [(t + 1) % self.model.n_vocab for t in toks]
+        return Draft(tokens=toks, source="ngram", match_len=self.match_len)
+
+
+def _run(model, drafter, n=120):
+    spec = SpecConfig(mode="auto", draft_max=16, adaptive=False)
+    ids, _, stats = collect(generate(model, list(range(1, 9)), drafter,
+                                     sampling=SamplingConfig(), spec=spec,
+                                     gen=GenerationConfig(max_tokens=n)))
+    return ids, stats
+
+
+def test_auto_drafts_long_when_drafts_are_right():
+    model = FakeModel()
+    auto = AutoDrafter(_Fixed(model, good=True), None, _profile(0.1), k_max=16)
+    ids, stats = _run(model, auto)
+    assert ids == model.continuation(list(range(1, 9)), 120)
+    assert stats.acceptance == 1.0 and stats.tokens_per_round > 6
+    assert any(key.startswith("ngram:") for key in stats.policy)
+
+
+def test_auto_falls_back_to_plain_when_drafts_are_wrong():
+    model = FakeModel()
+    # the fake decodes every batch size equally fast; judge with CPU-like profile costs
+    auto = AutoDrafter(_Fixed(model, good=False), None, _profile(0.3), k_max=16, learn_costs=False)
+    ids, stats = _run(model, auto, n=200)
+    assert ids == model.continuation(list(range(1, 9)), 200)
+    plain_rounds = stats.policy.get("none:0", {}).get("rounds", 0)
+    assert plain_rounds > 0.8 * stats.rounds  # it stopped paying for wrong drafts
+    assert stats.drafted < 40  # a few probes, not a draft every round
+
+
+def test_auto_uses_real_ngram_drafter():
+    model = FakeModel()
+    auto = AutoDrafter(NgramDrafter(1, 4), None, None, k_max=16)
+    ids, stats = _run(model, auto)
+    assert ids == model.continuation(list(range(1, 9)), 120)
+    assert sum(row["rounds"] for row in stats.policy.values()) == stats.rounds
