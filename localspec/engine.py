@@ -189,12 +189,29 @@ def _pick(logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator
     return sample(probs_from_logits(logits, sampling), rng)
 
 
+class _LazyArgmax:
+    """rows[i].argmax() computed on demand: greedy verification stops at the first
+    mismatch, so a rejected long draft costs one or two row scans, not k + 1."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.rows[i].argmax())
+
+    def __iter__(self):
+        return (int(r.argmax()) for r in self.rows)
+
+
 def _verify(
     rows: np.ndarray, draft: Draft, sampling: SamplingConfig, rng: np.random.Generator
 ) -> tuple[int, int]:
     # rows[i]: target logits after [id_last, *draft[:i]]; p: target probs, q: draft probs
     if sampling.greedy:
-        return accept_greedy(draft.tokens, rows.argmax(axis=1).tolist())
+        return accept_greedy(draft.tokens, _LazyArgmax(rows))
     p = np.stack([probs_from_logits(r, sampling) for r in rows])
     return accept_stochastic(draft.tokens, p, draft.probs, rng)
 

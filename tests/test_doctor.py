@@ -1,0 +1,189 @@
+"""`localspec doctor` on this machine, and the offload options (-ngl/-ngld) end to end:
+parsed by click, carried in LoadOptions, passed to ModelConfig, applied by the backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from localspec.backend import has_amx, supports_gpu_offload
+from localspec.doctor import doctor, model_report, n_layer, parse_system_info, placement_warnings
+from localspec.options import load_options, model_options
+from localspec.runtime import open_runtime
+
+LOCALSPEC = shutil.which("localspec")
+CPU_BUILD = not supports_gpu_offload()
+
+
+def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    cmd = [LOCALSPEC] if LOCALSPEC else [sys.executable, "-m", "localspec"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ})
+
+
+# ----- doctor through the real console entry point -----------------------------------
+
+
+def test_doctor_names_cpu_backend_and_amx_state():
+    proc = cli("doctor")
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split(None, 1)[0].lower(): line for line in proc.stdout.splitlines() if line.strip()}
+    assert "CPU" in lines["backends"].split(None, 1)[1].split(", ")
+    state = "on" if has_amx() else "off"
+    assert f"AMX workaround     {state}" in proc.stdout
+    assert ("GPU offload        yes" in proc.stdout) == supports_gpu_offload()
+    assert "llama-cpp-python   0.3.36" in proc.stdout
+    assert "llama" not in proc.stderr.lower()  # llama.cpp's log stays quiet
+
+
+def test_doctor_json_parses_and_agrees_with_backend():
+    proc = cli("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert "CPU" in report["backends"]
+    assert any(d["type"] == "cpu" and d["backend"] == "CPU" for d in report["devices"])
+    assert report["amx"]["workaround"] == has_amx()
+    assert report["gpu_offload"] == supports_gpu_offload()
+    assert report["threads"]["default"] >= 1
+    assert "CPU" in report["system_info_parsed"]
+    if CPU_BUILD:
+        assert report["offload_devices"] == [] and report["offload_default"].startswith("none")
+    assert "models" not in report  # nothing loaded without --model/--draft
+
+
+def test_doctor_with_models_reports_placement(smol_path):
+    proc = cli("doctor", "--json", "-m", smol_path, "--draft", smol_path, "-c", "256", "-t", "1")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    target, draft = report["models"]
+    assert (target["role"], draft["role"]) == ("target", "draft")
+    assert target["layers_total"] == target["n_layer"] + 1 > 1  # the output layer counts too
+    assert target["n_threads"] == 1 and target["n_ctx"] == 256
+    assert target["amx_workaround"] == has_amx()
+    assert report["pair"] == {"compatible": True, "error": None}
+    if CPU_BUILD:
+        assert target["n_gpu_layers"] == 0 and target["layers_offloaded"] == 0
+        assert target["devices"] == ["CPU"] and "on CPU" in target["placement"]
+    else:
+        assert target["layers_offloaded"] == target["layers_total"]
+
+
+def test_doctor_reports_incompatible_pair_without_failing(smol_path, gemma_path):
+    result = CliRunner().invoke(doctor, ["--json", "-m", smol_path, "--draft", gemma_path, "-c", "256"])
+    assert result.exit_code == 0, result.output
+    pair = json.loads(result.stdout)["pair"]
+    assert pair["compatible"] is False and "cannot draft" in pair["error"]
+
+
+def test_doctor_missing_model_is_a_usage_error():
+    proc = cli("doctor", "-m", "no-such-model.gguf")
+    assert proc.returncode == 2 and "no such model file" in proc.stderr
+
+
+# ----- pure parts of the report --------------------------------------------------------
+
+
+def test_parse_system_info_sections():
+    text = "CUDA : ARCHS = 890,900 | USE_GRAPHS = 1 | CPU : SSE3 = 1 | AVX2 = 1 | AMX_INT8 = 0 | "
+    assert parse_system_info(text) == {
+        "CUDA": {"ARCHS": "890,900", "USE_GRAPHS": "1"},
+        "CPU": {"SSE3": "1", "AVX2": "1", "AMX_INT8": "0"},
+    }
+
+
+def _fake_model(n_gpu_layers: int, n_layer: int = 28) -> SimpleNamespace:
+    info = SimpleNamespace(n_gpu_layers=n_gpu_layers, amx_workaround=False, n_threads=2)
+    return SimpleNamespace(
+        info=info, n_layer=n_layer, name="m.gguf", path="m.gguf", describe=lambda: "qwen2 1.5B",
+        size_bytes=1, n_params=1, n_ctx=4096,
+    )
+
+
+@pytest.mark.parametrize("ngl, offloaded, where", [
+    (999, 29, "all 29 layers (28 + output) on CUDA0"),
+    (10, 10, "10/29 layers on CUDA0, 19 on CPU"),
+    (0, 0, "all 29 layers (28 + output) on CPU"),
+])
+def test_placement_on_a_gpu_build(ngl, offloaded, where):
+    report = model_report(_fake_model(ngl), "target", ngl, [{"name": "CUDA0"}])
+    assert (report["layers_offloaded"], report["placement"]) == (offloaded, where)
+
+
+def test_no_offload_device_means_cpu_whatever_ngl():
+    report = model_report(_fake_model(999), "target", -1, [])
+    assert report["layers_offloaded"] == 0 and report["devices"] == ["CPU"]
+
+
+def test_warns_when_draft_stays_on_cpu_under_an_offloaded_target():
+    gpu = [{"name": "CUDA0"}]
+    target = model_report(_fake_model(999), "target", -1, gpu)
+    on_cpu = model_report(_fake_model(0, 24), "draft", 0, gpu)
+    on_gpu = model_report(_fake_model(999, 24), "draft", -1, gpu)
+    assert "-ngld" in placement_warnings([target, on_cpu])[0]
+    assert placement_warnings([target, on_gpu]) == []
+
+
+# ----- -ngl / -ngld: parsed, carried, applied -----------------------------------------
+
+
+def _parse(args: list[str]):
+    """Run the shared model options through click, as every command does."""
+    seen = {}
+
+    @click.command()
+    @model_options()
+    def probe(**kw):
+        seen["opts"] = load_options(kw)
+
+    result = CliRunner().invoke(probe, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return seen["opts"]
+
+
+def test_offload_defaults_are_all_layers():
+    opts = _parse([])
+    assert (opts.n_gpu_layers, opts.n_gpu_layers_draft) == (-1, -1)
+
+
+@pytest.mark.parametrize("args", [
+    ["-ngl", "7", "-ngld", "3"],
+    ["--n-gpu-layers", "7", "--n-gpu-layers-draft", "3"],
+    ["--gpu-layers", "7", "--gpu-layers-draft", "3"],
+])
+def test_offload_flag_spellings(args):
+    opts = _parse(args)
+    assert (opts.n_gpu_layers, opts.n_gpu_layers_draft) == (7, 3)
+
+
+def test_bad_offload_value_is_a_usage_error():
+    result = CliRunner().invoke(click.command()(model_options()(lambda **kw: None)), ["-ngl", "all"])
+    assert result.exit_code == 2 and "-ngl" in result.output
+
+
+def test_offload_reaches_model_config_and_backend(smol_path):
+    opts = _parse(["-m", smol_path, "--draft", smol_path, "-ngl", "7", "-ngld", "3", "-c", "256"])
+    with open_runtime(opts, want_draft=True) as rt:
+        assert rt.target.cfg.n_gpu_layers == 7 and rt.draft.cfg.n_gpu_layers == 3
+        # an explicit count is handed to llama.cpp as is (a CPU build ignores it)
+        assert rt.target.info.n_gpu_layers == 7 and rt.draft.info.n_gpu_layers == 3
+        rows = rt.target.decode(rt.target.tokenize("offload check"), "last")
+        assert rows.shape == (1, rt.target.n_vocab)
+
+
+def test_default_offload_on_this_build(smol_path):
+    opts = _parse(["-m", smol_path, "--draft", smol_path, "-c", "256"])
+    with open_runtime(opts, want_draft=True) as rt:
+        assert rt.target.cfg.n_gpu_layers == -1 and rt.draft.cfg.n_gpu_layers == -1
+        for m in (rt.target, rt.draft):  # -1: all layers when the build can offload, else 0
+            if CPU_BUILD:
+                assert m.info.n_gpu_layers == 0
+            else:
+                assert m.info.n_gpu_layers >= n_layer(m) + 1
