@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from localspec.engine import GenerationStats
 
 DB_NAME = "logs.db"
-BUSY_TIMEOUT_MS = 5000  # a writer waits this long for another process's transaction
+BUSY_TIMEOUT_MS = 15000  # a writer waits this long for another process's transaction
 NO_LOG_ENV = "LOCALSPEC_NO_LOG"
 
 _warned: set[str] = set()  # db paths already warned about in this process
