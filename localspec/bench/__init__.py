@@ -1,0 +1,9 @@
+"""`localspec bench`: measure what speculation earns on this machine.
+
+workloads.py  built-in prompts and edit tasks, or the user's JSONL (--prompts)
+runner.py     every variant of one workload in one process, interleaved, greedy;
+              each speculative output checked against plain decoding
+vcurve.py     the verify cost curve V(n) and the draft cost ratio c
+report.py     rich tables, JSON and the optional plot
+cmd.py        the click command
+"""

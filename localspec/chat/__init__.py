@@ -1,0 +1,1 @@
+"""`localspec chat`: a terminal chat UI (textual) or a line REPL, over the engine."""

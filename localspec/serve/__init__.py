@@ -1,0 +1,10 @@
+"""`localspec serve`: an OpenAI-compatible HTTP server over one llama.cpp context.
+
+    app.py        Starlette routes, auth, limits, SSE; talks to the scheduler via queues
+    scheduler.py  the one thread that owns the model: continuous batching, one
+                  decode_multi per step, speculation switched off above a batch size
+    sequence.py   one request's draft/verify/accept round on its own KV sequence
+    protocol.py   request validation and OpenAI-shaped responses and errors
+    metrics.py    counters and gauges, rendered as Prometheus text
+    cmd.py        the click command
+"""

@@ -1,0 +1,337 @@
+"""Continuous batching: ONE thread owns the llama.cpp context and runs every request.
+
+Each step:
+  1. admit queued jobs into free slots (one KV sequence id per slot); drop cancelled ones
+  2. speculation rule: on while at most `spec_disable_by_batch_size` sequences are
+     active (vLLM's --speculative-disable-by-batch-size): with a full batch the machine
+     is compute-bound, and a rejected draft token is compute taken from another user
+  3. every decoding sequence plans [id_last] or [id_last, *draft]; prompts still
+     prefilling add a chunk (at most `prefill_chunk` tokens per step in all, so a long
+     prompt delays the others by one chunk per step, not by its whole length)
+  4. ONE decode_multi for all of it; each sequence accepts from its own rows
+  5. finished, cancelled and failed sequences free their cells at once
+A failure while planning, decoding or accepting fails only the request it belongs to: a
+failed batched decode is retried one sequence at a time to find the culprit.
+
+The HTTP side talks to this thread only through `submit()` and each job's `sink`
+(called from this thread; the app makes it thread-safe with call_soon_threadsafe).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localspec.backend import Model
+from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.drafters.base import Drafter
+from localspec.engine import GenerationStats
+from localspec.runtime import make_drafter
+from localspec.serve.metrics import Metrics
+from localspec.serve.sequence import SeqState
+
+log = logging.getLogger("localspec.serve")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    n_slots: int = 4
+    queue_size: int = 16  # jobs waiting for a slot; past it submit() raises QueueFull
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    spec_disable_by_batch_size: int | None = None  # None or < 0: never disable
+    prefill_chunk: int = 256
+
+
+# ----- what a job's sink receives -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Text:
+    """New text for the client (may span several accepted tokens)."""
+
+    text: str
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    stats: GenerationStats
+    text: str  # held-back text released at the end
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    status: int = 500
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the wait queue is full (HTTP 429)."""
+
+
+class Unavailable(Exception):
+    """The scheduler is stopping or has died (HTTP 503)."""
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    sampling: SamplingConfig
+    gen: GenerationConfig
+    sink: Callable[[object], None]  # called from the scheduler thread
+    extra: list[int] = field(default_factory=list)  # a second n-gram source (predicted output)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    t_submit: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> None:
+        """Thread-safe: the scheduler frees the job's slot at its next step."""
+        self.cancelled.set()
+
+    def emit(self, event: object) -> None:
+        try:
+            self.sink(event)
+        except Exception:  # noqa: BLE001 - the receiver is gone (event loop closed): stop generating
+            self.cancel()
+
+
+@dataclass
+class _Active:
+    job: Job
+    state: SeqState
+    failed: bool = False
+
+
+class Scheduler:
+    def __init__(self, target: Model, cfg: SchedulerConfig, metrics: Metrics | None = None,
+                 drafter_factory: Callable[[SpecConfig, SamplingConfig, list[int]], Drafter] | None = None,
+                 ) -> None:
+        if cfg.n_slots > target.cfg.n_seq_max:
+            raise ValueError(f"{cfg.n_slots} slots need a model loaded with n_seq_max >= {cfg.n_slots}")
+        if cfg.n_slots >= target.n_batch:
+            raise ValueError(f"at most {target.n_batch - 1} slots with a batch of {target.n_batch}")
+        self.target = target
+        self.cfg = cfg
+        self.metrics = metrics or Metrics()
+        self.drafter_factory = drafter_factory or (
+            lambda spec, sampling, extra: make_drafter(spec, sampling, None, extra))
+        self.queue: deque[Job] = deque()
+        self.active: list[_Active] = []
+        self.free = list(range(cfg.n_slots))  # sequence ids
+        self.speculating = cfg.spec.mode != "none"
+        self.error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ----- the HTTP side --------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="localspec-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the current step; jobs still queued or running get Failed(503)."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def submit(self, job: Job) -> None:
+        """Queue a job (thread-safe). Raises QueueFull or Unavailable."""
+        with self._cv:
+            if not self.alive:
+                raise Unavailable("the server is shutting down" if self._stopping else "the scheduler stopped")
+            if len(self.queue) >= self.cfg.queue_size + len(self.free):
+                raise QueueFull(f"all {self.cfg.n_slots} slots are busy and {len(self.queue)} requests are queued")
+            self.queue.append(job)
+            self._cv.notify()
+
+    def snapshot(self) -> dict:
+        """Live state for /health and /metrics (read without stopping the loop)."""
+        limit = self.cfg.spec_disable_by_batch_size
+        return {"slots": self.cfg.n_slots, "active": len(self.active), "queued": len(self.queue),
+                # idle: the rule's answer for zero load, even before the loop re-evaluates
+                "speculation": self.speculating if self.active else self.cfg.spec.mode != "none",
+                "spec_mode": self.cfg.spec.mode,
+                "spec_disable_by_batch_size": -1 if limit is None or limit < 0 else limit,
+                "alive": self.alive}
+
+    # ----- the loop -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    if not self.queue and not self.active:
+                        self._speculate()  # load dropped to zero: the rule applies again
+                    while not self._stopping and not self.queue and not self.active:
+                        self._cv.wait()
+                    if self._stopping:
+                        break
+                    self._admit()
+                self._step()
+        except BaseException as exc:  # a bug in the loop itself: report it, refuse new work
+            self.error = exc
+            log.exception("scheduler stopped")
+        finally:
+            with self._cv:
+                self._stopping = True
+                pending, self.queue = list(self.queue), deque()
+            for job in pending:
+                job.emit(Failed("the server is shutting down", 503))
+            for a in self.active:
+                self._safe_release(a)
+                a.job.emit(Failed("the server is shutting down", 503))
+            self.active = []
+
+    def _admit(self) -> None:
+        while self.queue and self.free:
+            job = self.queue.popleft()
+            if job.cancelled.is_set():
+                continue
+            seq = self.free.pop(0)
+            try:
+                drafter = self.drafter_factory(self.cfg.spec, job.sampling, job.extra)
+                state = SeqState(self.target, seq, job.prompt, drafter, sampling=job.sampling,
+                                 spec=self.cfg.spec, gen=job.gen)
+            except Exception as exc:
+                log.exception("could not start a request")
+                self.free.append(seq)
+                job.emit(Failed(f"could not start the request: {exc}"))
+                continue
+            self.active.append(_Active(job, state))
+
+    def _speculate(self) -> bool:
+        limit = self.cfg.spec_disable_by_batch_size
+        on = self.cfg.spec.mode != "none" and (limit is None or limit < 0 or len(self.active) <= limit)
+        if on != self.speculating:
+            self.speculating = on
+            self.metrics.toggled()
+            log.info("speculation %s: %d active sequences (spec-disable-by-batch-size %s)",
+                     "on" if on else "off", len(self.active), limit)
+        return on
+
+    def _step(self) -> None:
+        for a in self.active:
+            if a.job.cancelled.is_set() and not a.state.done:
+                a.state.stats.stop_reason = "cancelled"
+        self._retire()
+        if not self.active:
+            return
+        speculate = self._speculate()
+        n_batch = self.target.n_batch
+        decoding = [a for a in self.active if not a.state.prefilling]
+        prefilling = [a for a in self.active if a.state.prefilling]
+        reserve = min(self.cfg.prefill_chunk, 64) if prefilling else 0
+        k_cap = max(0, (n_batch - reserve) // max(1, len(decoding)) - 1)
+        entries: list[tuple[int, list[int], int]] = []
+        owners: list[_Active] = []
+        for a in decoding:
+            toks = self._guard(a, a.state.plan, speculate, k_cap)
+            if toks:
+                entries.append((a.state.seq, toks, len(toks)))
+                owners.append(a)
+        budget = min(self.cfg.prefill_chunk, n_batch - sum(len(e[1]) for e in entries))
+        for a in prefilling:
+            if budget <= 0:
+                break
+            entry = a.state.prefill_entry(budget)
+            entries.append(entry)
+            owners.append(a)
+            budget -= len(entry[1])
+        if entries:
+            self._decode(entries, owners, speculate)
+        self._retire()
+        self._speculate()  # load may have dropped: /metrics shows the rule's state now
+
+    def _decode(self, entries: list[tuple[int, list[int], int]], owners: list[_Active],
+                speculate: bool) -> None:
+        t0 = time.perf_counter()
+        llama0 = self.target.llama_s
+        try:
+            rows = self.target.decode_multi(entries)
+        except Exception as exc:  # noqa: BLE001 - retried one by one below
+            if len(entries) == 1:
+                self._fail(owners[0], exc)
+                return
+            log.warning("batched decode failed (%s); retrying one sequence at a time", exc)
+            for entry, owner in zip(entries, owners):
+                self._decode([entry], [owner], speculate)
+            return
+        dt = time.perf_counter() - t0
+        dl = self.target.llama_s - llama0
+        n_prefill = sum(len(t) for (_, t, _), a in zip(entries, owners) if a.state.prefilling)
+        self.metrics.step(sum(len(t) for _, t, _ in entries), n_prefill, dt, speculate)
+        n_new = 0
+        for (_, toks, _), a, r in zip(entries, owners, rows):
+            n_new += self._guard(a, self._take, a, len(toks), r, dt, dl) or 0
+        if not n_prefill:
+            self.metrics.decode_step(len(entries), speculate, dt, n_new)
+
+    def _take(self, a: _Active, n: int, rows: np.ndarray, dt: float, dl: float) -> int:
+        """Hand this sequence its rows; returns how many tokens it emitted."""
+        st = a.state
+        before = st.stats.generated
+        st.stats.llama_s += dl  # the shared decode's time, as this sequence experienced it
+        if st.prefilling:
+            events = st.prefilled(n, rows)
+            self.metrics.first_token(st.stats.generated - before)
+        else:
+            events = st.accept(rows, dt)
+            self.metrics.round(*st.last_round, st.stats.generated - before)
+        text = "".join(ev.text for ev in events)
+        if text:
+            a.job.emit(Text(text, len(events)))
+        return st.stats.generated - before
+
+    def _retire(self) -> None:
+        keep = []
+        for a in self.active:
+            if not (a.failed or a.state.done):
+                keep.append(a)
+                continue
+            st = a.state
+            if not a.failed and st.stats.stop_reason != "cancelled":
+                done = self._guard(a, st.finish)
+                if done is not None:
+                    a.job.emit(Finished(done.stats, done.text))
+            self._safe_release(a)
+            t_first = st.t_first or time.perf_counter()
+            self.metrics.finish(st.stats.prompt_tokens, time.perf_counter() - a.job.t_submit,
+                                t_first - a.job.t_submit)
+            with self._cv:
+                self.free.append(st.seq)
+        self.active = keep
+
+    # ----- failures stay with the request that caused them --------------------------
+
+    def _guard(self, a: _Active, fn: Callable, *args: object) -> object:
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - any failure stays with its request
+            self._fail(a, exc)
+            return None
+
+    def _fail(self, a: _Active, exc: Exception) -> None:
+        if a.failed:
+            return
+        log.error("request failed: %s", exc, exc_info=exc)
+        a.failed = True
+        a.job.emit(Failed(f"generation failed: {exc}"))
+
+    def _safe_release(self, a: _Active) -> None:
+        try:
+            a.state.release()
+        except Exception:  # the context is broken beyond one sequence; nothing better to do
+            log.exception("could not free sequence %d", a.state.seq)

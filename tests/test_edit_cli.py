@@ -1,0 +1,238 @@
+"""`localspec edit` through the real console entry point, with real models.
+
+Bad input fails before any model loads. SmolLM2 (fast) cannot really edit: it is used
+where the answer does not matter (truncation, "no changes", Ctrl-C, context errors).
+Edits that must change the file use the default target, on small files or ranges so a
+generation stays short on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from localspec.cli import cli
+
+WORKLOADS = Path(__file__).resolve().parent.parent / "localspec" / "workloads" / "edit"
+SMALL = "def add(a, b):\n    return a + b\n"
+
+
+def edit_cli(*args: str, input: str | bytes | None = None):
+    return CliRunner().invoke(cli, ["edit", "--no-log", *args], input=input)
+
+
+def edit_proc(*args: str, input: bytes = b"", cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The real process: python -m localspec edit ..., stdin and stdout real pipes."""
+    return subprocess.run(
+        [sys.executable, "-m", "localspec", "edit", "--no-log", *args],
+        input=input, capture_output=True, timeout=900, cwd=cwd,
+    )
+
+
+def one_line_error(result, exit_code: int = 2) -> str:
+    assert result.exit_code == exit_code, result.output
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("Error")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+# ----- bad input: one line, exit 2, before any model loads -------------------------------------
+
+
+def test_binary_file_refused(tmp_path):
+    p = tmp_path / "img.png"
+    p.write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+    err = one_line_error(edit_cli(str(p), "-i", "make it blue", "-m", "/nonexistent.gguf"))
+    assert "binary" in err
+    assert p.read_bytes() == b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["missing.py", "-i", "x"], "No such file"),
+    (["latin1.txt", "-i", "x"], "not UTF-8"),
+    (["small.py", "-i", "x", "--lines", "7:9"], "only 2 lines"),
+    (["small.py", "-i", "x", "--lines", "b:a"], "--lines"),
+    (["small.py", "-i", "  "], "instruction is empty"),
+    (["small.py", "-i", "x", "--instruction-file", "small.py"], "not both"),
+    (["small.py", "--instruction-file", "nope.txt"], "nope.txt"),
+    (["small.py", "-", "-i", "x"], "only FILE"),
+    (["small.py", "small.py", "-o", "out.py", "-i", "x"], "single FILE"),
+    (["-"], "-i or --instruction-file"),
+])
+def test_bad_usage_is_one_line(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "small.py").write_text(SMALL)
+    (tmp_path / "latin1.txt").write_bytes("café\n".encode("latin-1"))
+    assert needle in one_line_error(edit_cli(*args, "-m", "/nonexistent.gguf"))
+
+
+def test_file_larger_than_context_names_its_tokens_and_lines(tmp_path, smol_path):
+    p = tmp_path / "inventory.py"
+    shutil.copy(WORKLOADS / "inventory.py", p)
+    err = one_line_error(edit_cli(str(p), "-i", "add type hints", "-m", smol_path, "-c", "256"))
+    assert "tokens" in err and "context is 256" in err and "--lines" in err
+    assert p.read_bytes() == (WORKLOADS / "inventory.py").read_bytes()
+
+
+# ----- never write an incomplete or unchanged answer (SmolLM2) ----------------------------------
+
+
+def test_truncated_generation_writes_nothing(tmp_path, smol_path):
+    p = tmp_path / "small.py"
+    p.write_text(SMALL)
+    before = p.stat().st_mtime_ns
+    result = edit_cli(str(p), "-i", "rename add to plus", "-m", smol_path, "-n", "3", "-y")
+    assert result.exit_code == 1, result.output
+    assert "nothing written" in result.output
+    assert p.read_text() == SMALL and p.stat().st_mtime_ns == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["small.py"]
+
+
+def test_no_changes_leaves_file_untouched(tmp_path, smol_path):
+    # SmolLM2 copies the text back unchanged for this instruction (checked greedy)
+    p = tmp_path / "small.py"
+    p.write_text(SMALL)
+    before = p.stat().st_mtime_ns
+    result = edit_cli(str(p), "-i", "Keep the code exactly as it is.", "-m", smol_path, "-y")
+    assert result.exit_code == 0, result.output
+    assert "no changes" in result.output
+    assert p.stat().st_mtime_ns == before
+
+
+def test_output_elsewhere_keeps_the_input(tmp_path, smol_path):
+    p = tmp_path / "small.py"
+    p.write_text(SMALL)
+    p.chmod(0o750)
+    out = tmp_path / "out" / "copy.py"
+    out.parent.mkdir()
+    result = edit_cli(str(p), "-o", str(out), "-i", "Keep the code exactly as it is.",
+                      "-m", smol_path)
+    assert result.exit_code == 0, result.output
+    assert p.read_text() == SMALL and out.read_text() == SMALL  # "no changes", still written
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+
+
+def test_ctrl_c_writes_nothing(tmp_path, smol_path):
+    p = tmp_path / "inventory.py"
+    shutil.copy(WORKLOADS / "inventory.py", p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localspec", "edit", "--no-log", str(p), "-m", smol_path, "-y",
+         "-i", "Add a docstring to every method.", "--spec", "none"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    time.sleep(8)  # loaded and generating (a plain decode of ~600 tokens takes longer)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"Traceback" not in err
+    assert p.read_bytes() == (WORKLOADS / "inventory.py").read_bytes()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["inventory.py"]
+
+
+# ----- real edits with the default target ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_python_range_edit_diff_applies_and_parses(tmp_path, target_path):
+    work = tmp_path / "work"
+    pristine = tmp_path / "pristine"
+    for d in (work, pristine):
+        d.mkdir()
+        shutil.copy(WORKLOADS / "inventory.py", d / "inventory.py")
+    proc = edit_proc("inventory.py", "--lines", "14:20", "-y", "-m", target_path, "-i",
+                     "Add type hints to these two methods. Change nothing else.", cwd=work)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    new = (work / "inventory.py").read_text()
+    old = (WORKLOADS / "inventory.py").read_text()
+    assert new != old and "->" in new
+    ast.parse(new)
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    assert old_lines[:13] == new_lines[:13]  # outside the range: untouched
+    assert old_lines[20:] == new_lines[len(new_lines) - (len(old_lines) - 20):]
+    (pristine / "edit.diff").write_bytes(proc.stdout)
+    subprocess.run(["git", "apply", "edit.diff"], cwd=pristine, check=True)
+    assert (pristine / "inventory.py").read_text() == new
+
+
+@pytest.mark.slow
+def test_json_edit_dry_run_then_write(tmp_path, target_path):
+    p = tmp_path / "services.json"
+    shutil.copy(WORKLOADS / "services.json", p)
+    original = p.read_bytes()
+    args = [str(p), "--lines", "2:3", "-m", target_path, "-i", "Set debug to false."]
+    dry = edit_proc(*args, "--dry-run")
+    assert dry.returncode == 0, dry.stderr.decode()[-2000:]
+    assert p.read_bytes() == original  # --dry-run writes nothing
+    assert b'-  "debug": true,' in dry.stdout and b'+  "debug": false,' in dry.stdout
+    wrote = edit_proc(*args, "-y", "--backup")
+    assert wrote.returncode == 0, wrote.stderr.decode()[-2000:]
+    data = json.loads(p.read_text())
+    assert data["debug"] is False and len(data["services"]) == 6
+    assert (tmp_path / "services.json.orig").read_bytes() == original
+
+
+@pytest.mark.slow
+def test_crlf_mode_and_no_final_newline_kept(tmp_path, target_path):
+    p = tmp_path / "tool.py"
+    p.write_bytes(SMALL.rstrip("\n").replace("\n", "\r\n").encode())  # CRLF, no final newline
+    p.chmod(0o751)
+    result = edit_cli(str(p), "-i", "Rename the function add to plus.", "-m", target_path, "-y")
+    assert result.exit_code == 0, result.output
+    data = p.read_bytes()
+    assert b"plus" in data and b"add(" not in data
+    assert data.count(b"\r\n") == data.count(b"\n") == 1  # CRLF kept, no bare LF added
+    assert not data.endswith(b"\n")
+    assert stat.S_IMODE(p.stat().st_mode) == 0o751
+    ast.parse(data.decode())
+
+
+@pytest.mark.slow
+def test_filter_mode_through_a_real_pipe(target_path):
+    proc = edit_proc("-", "-m", target_path, "-q", "-i", "Rename the function add to plus.",
+                     input=SMALL.encode())
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    out = proc.stdout.decode()
+    assert "def plus(a, b):" in out and out.endswith("\n") and not out.endswith("\n\n")
+    ast.parse(out)
+    assert proc.stderr == b""  # -q: nothing but the text, and that on stdout
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_leaves_old_or_new(tmp_path, target_path):
+    """Kill `localspec edit` at random moments: the file always holds the original or
+    the complete edited text, never a mix, and it always parses."""
+    p = tmp_path / "small.py"
+    cmd = [sys.executable, "-m", "localspec", "edit", "--no-log", str(p), "-y", "-q",
+           "-m", target_path, "-i", "Rename the function add to plus."]
+    p.write_text(SMALL)
+    t0 = time.monotonic()
+    subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=600, check=True)
+    full = time.monotonic() - t0
+    edited = p.read_text()
+    assert edited != SMALL
+    rng = random.Random(1234)
+    for moment in sorted(rng.uniform(0.2, 1.1) * full for _ in range(4)):
+        p.write_text(SMALL)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(moment)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        assert p.read_text() in (SMALL, edited), f"mixed content after a kill at {moment:.2f}s"
+        ast.parse(p.read_text())
+        for leftover in tmp_path.glob(".small.py.*.tmp"):
+            leftover.unlink()  # a temp file may remain after SIGKILL; never the target
+    assert os.listdir(tmp_path) == ["small.py"]

@@ -1,0 +1,298 @@
+"""Continuous batching under concurrent clients, in-process: uvicorn in a thread on a
+free loopback port, the real SmolLM2 GGUF, the official `openai` client.
+
+- 8 concurrent greedy streams get exactly the text each gets alone, and all of them
+  stream at once (none waits for another to finish);
+- more clients than slots queue and all complete; past the queue: 429;
+- a client that disconnects mid-stream frees its slot;
+- a request that fails (in its drafter, or in the batched decode) fails alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+from test_serve import free_port
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from localspec.backend import Model
+from localspec.config import ModelConfig, SamplingConfig, SpecConfig
+from localspec.drafters import NgramDrafter
+from localspec.errors import BackendError
+from localspec.serve.app import ServeSettings, create_app
+from localspec.serve.scheduler import Scheduler, SchedulerConfig
+
+MAX_SLOTS = 8
+PROMPTS = [
+    "Count from one to ten in words.",
+    "Write a Python function that reverses a string.",
+    "Name three colours of the rainbow.",
+    "What is the capital of France? Answer briefly.",
+    "Write a haiku about the sea.",
+    "List four farm animals, comma separated.",
+    "Explain what a list is in Python in one sentence.",
+    "Give a JSON object with keys a and b set to 1 and 2.",
+]
+
+
+@pytest.fixture(scope="module")
+def model(smol_path):
+    m = Model(ModelConfig(path=smol_path, n_ctx=MAX_SLOTS * 512, n_seq_max=MAX_SLOTS, n_threads=1))
+    yield m
+    m.close()
+
+
+class Server:
+    """The app on uvicorn in a background thread (no signal handlers off the main thread)."""
+
+    def __init__(self, model: Model, drafter_factory=None, **cfg) -> None:
+        spec = cfg.pop("spec", SpecConfig(mode="ngram", draft_max=8))
+        self.scheduler = Scheduler(model, SchedulerConfig(spec=spec, **cfg), drafter_factory=drafter_factory)
+        settings = ServeSettings(model_id="smol", log_generations=False, max_tokens_limit=512)
+        app = create_app(self.scheduler, model, settings)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=120,
+                             http_client=httpx.Client(trust_env=False, timeout=120))
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=120,
+                                  http_client=httpx.AsyncClient(trust_env=False, timeout=120))
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.base}/health", trust_env=False).json()
+
+    def wait_idle(self, timeout: float = 15) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            h = self.health()
+            if h["active"] == 0 and h["queued"] == 0:
+                return h
+            time.sleep(0.05)
+        raise AssertionError(f"slots still busy: {self.health()}")
+
+
+def _messages(p: str) -> list[dict]:
+    return [{"role": "user", "content": p}]
+
+
+async def _stream(client: openai.AsyncOpenAI, prompt: str, n: int, t0: float, **extra) -> dict:
+    """One streaming chat request: its text and when its first and last piece came."""
+    stream = await client.chat.completions.create(model="smol", messages=_messages(prompt), max_tokens=n,
+                                                  temperature=0, stream=True, extra_body=extra or None)
+    parts, first = [], None
+    async for ch in stream:
+        if ch.choices and ch.choices[0].delta.content:
+            first = first or time.monotonic() - t0
+            parts.append(ch.choices[0].delta.content)
+    return {"text": "".join(parts), "first": first, "last": time.monotonic() - t0}
+
+
+async def _together(server: Server, prompts: list[str], n: int, **extra) -> list[dict]:
+    client = server.async_client()
+    t0 = time.monotonic()
+    try:
+        return await asyncio.gather(*(_stream(client, p, n, t0, **extra) for p in prompts))
+    finally:
+        await client.close()
+
+
+def _alone(server: Server, prompts: list[str], n: int, **extra) -> list[str]:
+    c = server.client()
+    return [c.chat.completions.create(model="smol", messages=_messages(p), max_tokens=n, temperature=0,
+                                      extra_body=extra or None).choices[0].message.content for p in prompts]
+
+
+def test_eight_concurrent_streams_match_their_solo_text(model):
+    n = 24
+    # 8 slots; speculation on alone, off while more than 4 are active
+    with Server(model, n_slots=8, spec_disable_by_batch_size=4) as server:
+        # ignore_eos: every reply is n tokens long, so the 8 streams overlap for n steps
+        solo = _alone(server, PROMPTS, n, ignore_eos=True)
+        results = asyncio.run(_together(server, PROMPTS, n, ignore_eos=True))
+        for prompt, alone, got in zip(PROMPTS, solo, results):
+            assert got["text"] == alone, prompt
+        # none starves: every stream had its first token before any stream ended, and
+        # the server decoded all eight in one batch
+        assert max(r["first"] for r in results) < min(r["last"] for r in results)
+        snap = server.wait_idle()
+        assert snap["speculation"] is True  # back on once load dropped
+        metrics = httpx.get(f"{server.base}/metrics", trust_env=False).text
+        assert 'localspec_decode_steps_total{batch="8",speculation="off"}' in metrics
+        assert "localspec_speculation_toggles_total 0" not in metrics
+
+
+def test_more_clients_than_slots_queue_and_all_complete(model):
+    n = 16
+    prompts = PROMPTS[:6]
+    with Server(model, n_slots=2, queue_size=8, spec_disable_by_batch_size=-1) as server:
+        solo = _alone(server, prompts, n)
+        results = asyncio.run(_together(server, prompts, n))
+        assert [r["text"] for r in results] == solo
+        server.wait_idle()
+
+
+def _hold_slot(server: Server, max_tokens: int = 400):
+    """Open a long stream and read its first piece; returns (client, response, lines).
+    Keep `lines` referenced: dropping a half-read iterator closes the connection."""
+    h = httpx.Client(base_url=server.base, timeout=60, trust_env=False)
+    body = {"model": "smol", "messages": _messages("Tell me a long story."), "max_tokens": max_tokens,
+            "stream": True, "ignore_eos": True}
+    r = h.send(h.build_request("POST", "/v1/chat/completions", json=body), stream=True)
+    lines = r.iter_lines()
+    for line in lines:
+        if line.startswith("data: {") and '"content": ""' not in line:
+            break
+    return h, r, lines
+
+
+def test_disconnecting_client_frees_its_slot(model):
+    with Server(model, n_slots=1, queue_size=2, spec_disable_by_batch_size=-1) as server:
+        h, r, _lines = _hold_slot(server)
+        time.sleep(0.3)
+        assert server.health()["active"] == 1
+        r.close()
+        h.close()  # the client goes away mid-stream
+        server.wait_idle(timeout=10)
+        out = server.client().chat.completions.create(model="smol", messages=_messages("Hi"), max_tokens=4)
+        assert out.usage.completion_tokens >= 1
+        metrics = httpx.get(f"{server.base}/metrics", trust_env=False).text
+        assert 'localspec_requests_total{endpoint="chat",outcome="cancelled"} 1' in metrics
+
+
+def test_non_streaming_disconnect_also_frees_the_slot(model):
+    with Server(model, n_slots=1, spec_disable_by_batch_size=-1) as server:
+        body = {"model": "smol", "messages": _messages("Tell me a long story."), "max_tokens": 400,
+                "ignore_eos": True}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{server.base}/v1/chat/completions", json=body, timeout=1.5, trust_env=False)
+        server.wait_idle(timeout=10)
+
+
+def test_queue_full_gives_429_then_recovers(model):
+    with Server(model, n_slots=1, queue_size=1, spec_disable_by_batch_size=-1) as server:
+        held = [_hold_slot(server)]  # holds the slot
+        h2 = httpx.Client(base_url=server.base, timeout=60, trust_env=False)
+        body = {"model": "smol", "messages": _messages("Hello"), "max_tokens": 4, "stream": True}
+        queued = h2.send(h2.build_request("POST", "/v1/chat/completions", json=body), stream=True)
+        deadline = time.monotonic() + 10
+        while server.health()["queued"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(openai.RateLimitError):
+            server.client().chat.completions.create(model="smol", messages=_messages("x"), max_tokens=2)
+        for h, r, _ in held:
+            r.close()
+            h.close()
+        text = "".join(line for line in queued.iter_lines())
+        assert "[DONE]" in text  # the queued request ran once the slot was free
+        queued.close()
+        h2.close()
+        server.wait_idle()
+
+
+# ----- one failing request does not take the others down ------------------------------
+
+BOOM = "Please explode now."
+
+
+class _BoomDrafter(NgramDrafter):
+    """Raises while drafting for prompts that carry the BOOM marker tokens."""
+
+    def __init__(self, marker: list[int]) -> None:
+        super().__init__(1, 4)
+        self.marker = marker
+        self.armed = False
+
+    def begin(self, prompt) -> None:
+        super().begin(prompt)
+        m = self.marker
+        self.armed = any(list(prompt[i:i + len(m)]) == m for i in range(len(prompt) - len(m) + 1))
+
+    def draft(self, context, k):
+        if self.armed:
+            raise RuntimeError("drafter exploded")
+        return super().draft(context, k)
+
+
+def test_failing_drafter_fails_only_its_request(model):
+    marker = model.tokenize(BOOM, add_special=False)[1:-1]
+
+    def factory(spec: SpecConfig, sampling: SamplingConfig, extra: list[int]):
+        return _BoomDrafter(marker)
+
+    with Server(model, drafter_factory=factory, n_slots=4, spec_disable_by_batch_size=-1) as server:
+        solo = _alone(server, PROMPTS[:3], 16)
+
+        async def mixed():
+            client = server.async_client()
+            t0 = time.monotonic()
+            try:
+                return await asyncio.gather(*(_stream(client, p, 16, t0) for p in [*PROMPTS[:3], BOOM]),
+                                            return_exceptions=True)
+            finally:
+                await client.close()
+
+        *good, bad = asyncio.run(mixed())
+        assert isinstance(bad, openai.APIError) and "exploded" in str(bad)
+        assert [g["text"] for g in good] == solo
+        with pytest.raises(openai.InternalServerError):
+            server.client().chat.completions.create(model="smol", messages=_messages(BOOM), max_tokens=8)
+        assert server.health()["status"] == "ok"
+        assert _alone(server, PROMPTS[:1], 16) == solo[:1]
+        server.wait_idle()
+
+
+def test_failing_decode_is_isolated_to_its_request(model, monkeypatch):
+    poison = 4242  # a token id only the bad request's prompt contains
+    real = model.decode_multi
+
+    def decode_multi(entries):
+        if any(poison in toks for _, toks, _ in entries):
+            raise BackendError("llama_decode failed with code -3")
+        return real(entries)
+
+    monkeypatch.setattr(model, "decode_multi", decode_multi)
+    with Server(model, n_slots=4, spec_disable_by_batch_size=-1) as server:
+        c = server.client()
+        good_ids = model.tokenize("The quick brown fox", add_special=False)
+        solo = c.completions.create(model="smol", prompt=good_ids, max_tokens=12, temperature=0).choices[0].text
+
+        async def mixed():
+            client = server.async_client()
+            try:
+                good = [client.completions.create(model="smol", prompt=good_ids, max_tokens=12, temperature=0)
+                        for _ in range(2)]
+                bad = client.completions.create(model="smol", prompt=[*good_ids, poison], max_tokens=12)
+                return await asyncio.gather(*good, bad, return_exceptions=True)
+            finally:
+                await client.close()
+
+        *good, bad = asyncio.run(mixed())
+        assert isinstance(bad, openai.InternalServerError) and "code -3" in str(bad)
+        assert [g.choices[0].text for g in good] == [solo, solo]
+        assert server.health()["status"] == "ok"
+        server.wait_idle()
