@@ -407,7 +407,7 @@ def test_predicted_output_drafts_and_keeps_the_text(server):
     plain = c.chat.completions.create(model="m", messages=msgs, max_tokens=N, temperature=0)
     text = plain.choices[0].message.content
     pred = c.chat.completions.create(model="m", messages=msgs, max_tokens=N, temperature=0,
-                                     prediction={"type": "content", "content": text})
+                                     extra_body={"prediction": {"type": "content", "content": text}})
     assert pred.choices[0].message.content == text
     got, before = pred.usage.model_extra["speculation"], plain.usage.model_extra["speculation"]
     assert got["accepted"] > before["accepted"] and got["accepted"] >= N // 3

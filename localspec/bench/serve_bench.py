@@ -245,9 +245,9 @@ def format_report(result: dict[str, Any]) -> str:
     runs = result["runs"]
     cs = sorted({r["concurrency"] for r in runs})
     by = {(r["concurrency"], r["mode"]): r for r in runs}
-    lines = [f"serve bench: {result['target']}, {result['threads']} threads, -n {result['n_predict']}, "
-             f"drafter {result['drafter']} (k<={result['draft_max']}), rule: off above "
-             f"{result['rule_limit']} active ({result['rule_source']})",
+    lines = [(f"serve bench: {result['target']}, {result['threads']} threads, -n {result['n_predict']}, "
+              f"drafter {result['drafter']} (k<={result['draft_max']}), rule: off above "
+              f"{result['rule_limit']} active ({result['rule_source']})"),
              "      end-to-end tok/s (prefill incl.)   | decode tok/s at batch C    | mean latency s",
              "  C     off      on    rule  on/off |   off     on   rule on/off |   off     on   rule"]
 
