@@ -85,8 +85,10 @@ class CopyDrafter(DrafterBase):
 
     name = "copy"
 
-    def __init__(self, max_match: int = 64) -> None:
+    def __init__(self, max_match: int = 64, min_match: int = 1, substitute: bool = True) -> None:
         self.max_match = max_match
+        self.min_match = min_match  # draft nothing on a shorter match: a plain round is cheaper
+        self.substitute = substitute
 
     def begin(self, prompt) -> None:
         self.tokens: list[int] = []
@@ -141,8 +143,10 @@ class CopyDrafter(DrafterBase):
         if k <= 0:
             return Draft(source=self.name)
         length, p = self._best()
-        if length < 2 and self.cursor is not None and self.substituted_at != self.cursor:
+        if length < 2 and self.substitute and self.cursor is not None and self.substituted_at != self.cursor:
             p, self.substituted_at = self.cursor + 1, self.cursor
+        elif length < self.min_match:
+            p = None
         if p is None or p >= len(self.tokens):
             return Draft(source=self.name)
         self.last = p
@@ -151,11 +155,13 @@ class CopyDrafter(DrafterBase):
 
 def edit_spec(overrides: str = "") -> SpecConfig:
     """The spec `localspec edit` uses by default, with key=value overrides."""
-    values = {"mode": EDIT_SPEC_DEFAULTS["spec"],
-              **{k: v for k, v in EDIT_SPEC_DEFAULTS.items() if k != "spec"}}
+    d = EDIT_SPEC_DEFAULTS  # in click's names: spec, fixed_k
+    values = {"mode": d["spec"], "adaptive": not d.get("fixed_k", False),
+              **{k: v for k, v in d.items() if k not in ("spec", "fixed_k")}}
     for item in filter(None, (s.strip() for s in overrides.split(","))):
         key, _, val = item.partition("=")
-        values[key] = val if key == "mode" else (val == "1" if key == "adaptive" else int(val))
+        values[key] = (val if key == "mode" else val == "1" if key == "adaptive"
+                       else float(val) if key == "draft_p_min" else int(val))
     return SpecConfig(**values)
 
 
@@ -170,7 +176,8 @@ def task_prompt(target: Model, task: dict) -> tuple[list[int], list[int], str]:
 
 def drafter_for(spec: SpecConfig, file_tokens: list[int], target: Model | None):
     if spec.mode == "copy":  # the engine drafts whenever the mode is not none
-        return CopyDrafter(), replace(spec, mode="ngram")
+        drafter = CopyDrafter(min_match=spec.ngram_min, substitute=spec.draft_p_min > 0)
+        return drafter, replace(spec, mode="ngram")
     return make_drafter(spec, GREEDY, None, file_tokens, target=target), spec
 
 

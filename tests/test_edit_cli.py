@@ -87,6 +87,13 @@ def test_file_larger_than_context_names_its_tokens_and_lines(tmp_path, smol_path
     assert p.read_bytes() == (WORKLOADS / "inventory.py").read_bytes()
 
 
+def test_edit_defaults_are_flags_of_the_command():
+    from localspec.edit_cmd import EDIT_SPEC_DEFAULTS, edit
+
+    names = {p.name for p in edit.params}
+    assert set(EDIT_SPEC_DEFAULTS) <= names
+
+
 # ----- never write an incomplete or unchanged answer (SmolLM2) ----------------------------------
 
 
