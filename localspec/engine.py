@@ -276,7 +276,7 @@ def generate(
             t_verify = time.perf_counter() - tv
             stats.draft_s += tv - td
             stats.verify_s += t_verify
-            _count_round(stats, len(draft.tokens), n_accept)
+            count_round(stats, len(draft.tokens), n_accept)
             policy.update(len(draft.tokens), n_accept)
             drafter.observe(len(draft.tokens), n_accept, t_verify, tv - td)
             yield Round(len(draft.tokens), n_accept, draft.source, k)
@@ -300,7 +300,9 @@ def generate(
         target.rewind(target.n_past, force=True)
 
 
-def _count_round(stats: GenerationStats, n_draft: int, n_accept: int) -> None:
+def count_round(stats, n_draft: int, n_accept: int) -> None:
+    """Add one verify round to round/draft/acceptance counters (GenerationStats or any
+    object with the same fields, e.g. the server's metrics)."""
     stats.rounds += 1
     if n_draft == 0:
         return
@@ -328,3 +330,6 @@ def collect(events: Iterator[Event]) -> tuple[list[int], str, GenerationStats]:
             parts.append(ev.text)
             return ids, "".join(parts), ev.stats
     raise RuntimeError("generation ended without a Done event")
+
+
+_count_round = count_round  # older name, still imported by serve/sequence.py

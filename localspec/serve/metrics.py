@@ -10,6 +10,8 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable
 
+from localspec.engine import count_round
+
 PREFIX = "localspec_"
 
 
@@ -48,19 +50,8 @@ class Metrics:
     def round(self, n_draft: int, n_accept: int, n_new: int) -> None:
         """One sequence's verify: n_new tokens emitted (accepted + the target's own)."""
         with self._lock:
-            self.rounds += 1
             self.generated_tokens += n_new
-            if not n_draft:
-                return
-            self.draft_rounds += 1
-            self.drafted += n_draft
-            self.accepted += n_accept
-            while len(self.drafted_by_pos) < n_draft:
-                self.drafted_by_pos.append(0)
-                self.accepted_by_pos.append(0)
-            for i in range(n_draft):
-                self.drafted_by_pos[i] += 1
-                self.accepted_by_pos[i] += i < n_accept
+            count_round(self, n_draft, n_accept)  # same counters as GenerationStats
 
     def first_token(self, n: int) -> None:
         with self._lock:
