@@ -305,15 +305,18 @@ class Outcome:
 def rewrite(target: Model, drafter: Drafter, prompt: list[int], fence: str, *,
             sampling: SamplingConfig, spec: SpecConfig, gen: GenerationConfig,
             draft_model: Model | None = None,
-            on_event: Callable[[Event], None] | None = None) -> Outcome:
-    """Generate the edited text; stop as soon as the closing fence line is complete.
-    KeyboardInterrupt propagates (the engine leaves the KV cache consistent)."""
+            on_event: Callable[[Event], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> Outcome:
+    """Generate the edited text; stop as soon as the closing fence line is complete (or
+    `should_stop` says so). KeyboardInterrupt propagates (the engine leaves the KV cache
+    consistent)."""
     from localspec.engine import Done, Token, generate
 
     reader = FenceReader(fence)
     reader.feed(fence + "\n")  # the opening fence is in the prompt, not in the reply
+    stop = should_stop or (lambda: False)
     events = generate(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen,
-                      should_stop=lambda: reader.done, draft_model=draft_model)
+                      should_stop=lambda: reader.done or stop(), draft_model=draft_model)
     stats = None
     try:
         for ev in events:

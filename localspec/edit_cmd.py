@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,24 +156,31 @@ class Session:
     log: bool = True
 
     def run(self, jobs: list[Job]) -> int:
-        """Edit each job in turn; the exit status (1 when one ended without an answer)."""
+        """Edit each job in turn; the exit status (1 when one ended without an answer,
+        130 when interrupted: then the file being edited is left as it was)."""
         from localspec.runtime import open_runtime
 
         failed = 0
-        want_draft = self.spec.mode in ("auto", "model", "hybrid")
-        with open_runtime(self.opts, want_draft=want_draft) as rt:
-            prepared = [(job, *self._prepare(rt.target, job)) for job in jobs]  # all fit?
-            for job, prompt, file_tokens in prepared:
-                try:
-                    failed += not self._edit_one(rt, job, prompt, file_tokens)
-                except KeyboardInterrupt:
-                    click.echo(f"interrupted: {job.source.name} not changed", err=True)
-                    return 130
-                except LocalspecError as exc:
-                    if len(jobs) == 1:
-                        raise
-                    click.echo(f"error: {exc}", err=True)
-                    failed += 1
+        ctrl_c = CtrlC()
+        job = jobs[0]
+        try:
+            with ctrl_c.catching():
+                rt = open_runtime(self.opts, want_draft=self.spec.mode in ("auto", "model", "hybrid"))
+            with rt:
+                prepared = [(job, *self._prepare(rt.target, job)) for job in jobs]  # all fit?
+                for job, prompt, file_tokens in prepared:
+                    if ctrl_c.pressed:
+                        raise KeyboardInterrupt
+                    try:
+                        failed += not self._edit_one(rt, job, prompt, file_tokens, ctrl_c)
+                    except LocalspecError as exc:
+                        if len(jobs) == 1:
+                            raise
+                        click.echo(f"error: {exc}", err=True)
+                        failed += 1
+        except KeyboardInterrupt:
+            click.echo(f"interrupted: {job.source.name} not changed", err=True)
+            return 130
         return 1 if failed else 0
 
     def _prepare(self, target, job: Job) -> tuple[list[int], list[int]]:
@@ -192,19 +203,21 @@ class Session:
             return GenerationConfig(max_tokens=min(room, 2 * len(file_tokens) + 256))
         return GenerationConfig(max_tokens=min(room, self.max_tokens) if self.max_tokens > 0 else room)
 
-    def _edit_one(self, rt, job: Job, prompt: list[int], file_tokens: list[int]) -> bool:
+    def _edit_one(self, rt, job: Job, prompt: list[int], file_tokens: list[int], ctrl_c: CtrlC) -> bool:
         from localspec.progress import EditProgress, summary_line
         from localspec.runtime import make_drafter
 
         name = job.source.name
         drafter = make_drafter(self.spec, self.sampling, rt.draft, file_tokens, target=rt.target)
         live = self.show_progress and sys.stderr.isatty()
-        with EditProgress(Path(name).name, len(file_tokens), enabled=live) as progress:
+        with ctrl_c.catching(), EditProgress(Path(name).name, len(file_tokens), enabled=live) as progress:
             outcome = rewrite(
                 rt.target, drafter, prompt, choose_fence(job.region.body),
                 sampling=self.sampling, spec=self.spec, gen=self._gen(rt.target, prompt, file_tokens),
-                draft_model=rt.draft, on_event=progress,
+                draft_model=rt.draft, on_event=progress, should_stop=lambda: ctrl_c.pressed,
             )
+        if ctrl_c.pressed:
+            raise KeyboardInterrupt
         stats = outcome.stats
         if stats is not None:
             if self.show_progress:
@@ -274,6 +287,31 @@ class Session:
             write_atomic(dest, data, mode, before_replace=still_original)
         except OSError as exc:
             raise LocalspecError(f"{dest}: cannot write: {exc.strerror or exc}; nothing changed") from None
+
+
+class CtrlC:
+    """Ctrl-C as a flag while llama.cpp works: the generation stops after the round and
+    nothing is written. (A KeyboardInterrupt that lands in llama.cpp's log callback is
+    swallowed by ctypes, and the edit would go on.) A second Ctrl-C raises at once."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    @contextmanager
+    def catching(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
 
 
 def _diff_name(name: str) -> str:

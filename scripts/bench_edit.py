@@ -43,6 +43,9 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 
 DESIGN_V_MS = {1: 102, 2: 145, 4: 202, 5: 234, 8: 320, 16: 323}  # DESIGN.md: 1.5B, 2 threads
+# measured on a 2-core AMD EPYC (Zen 3, no AMX) host with scripts' decode loop, quiet machine
+EPYC_V_MS = {1: 93, 2: 137, 3: 173, 4: 210, 5: 251, 6: 275, 8: 458, 10: 531, 12: 592, 15: 576,
+             16: 657, 17: 765, 20: 912, 24: 895, 32: 1079}
 
 
 class RoundTimer:
@@ -225,7 +228,7 @@ def replay(prompt: list[int], ref: list[int], drafter, spec: SpecConfig, v) -> d
         rounds += 1
         drafted, accepted, draft_rounds = drafted + len(draft), accepted + n, draft_rounds + bool(draft)
         policy.update(len(draft), n)
-        drafter.observe(len(draft), n, 0.0, 0.0)
+        drafter.observe(len(draft), n, v(1 + len(draft)) / 1000, 0.0)  # auto learns V from this
         context += [t for t in out[i : i + n + 1] if t != eos]
         i += n + 1
     return {"speedup": len(ref) * v(1) / cost, "acceptance": accepted / max(1, drafted),
@@ -241,8 +244,9 @@ def main() -> int:
                     help="extra drafted variant: SpecConfig overrides, e.g. draft_max=15,ngram_max=6")
     ap.add_argument("--replay", action="append", default=[],
                     help="variant to replay on the plain runs' tokens (no model), e.g. mode=copy,adaptive=0")
-    ap.add_argument("--v-table", choices=["measured", "design"], default="measured",
-                    help="round cost for --replay: this run's round times, or DESIGN.md's V(n)")
+    ap.add_argument("--v-table", choices=["measured", "design", "epyc"], default="measured",
+                    help="round cost for --replay: this run's round times, DESIGN.md's V(n), or "
+                         "the one measured on a 2-core AMD EPYC")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args()
@@ -274,7 +278,8 @@ def main() -> int:
     rows = report(tasks, chosen, variants, results, bodies, path.name)
     measured = print_v_table(timers)
     if args.replay:
-        v = v_curve(DESIGN_V_MS if args.v_table == "design" or not measured else measured)
+        tables = {"design": DESIGN_V_MS, "epyc": EPYC_V_MS, "measured": measured or DESIGN_V_MS}
+        v = v_curve(tables[args.v_table])
         names = [name for name, _ in variants[1:]] + args.replay
         print_replays(target, tasks, chosen, plain_ids, names, v, args.v_table)
     if args.json:

@@ -206,17 +206,22 @@ def test_compare_reports_divergence_with_margin(smol1):
     assert shorter.index == 5
 
 
-def test_edit_task_runs_to_the_closing_fence(smol1):
+def test_edit_task_runs_to_the_closing_fence(smol1, tmp_path):
     smol = smol1
-    task = next(w for w in wl.builtin() if w.is_edit and w.file.endswith(".json"))
+    (tmp_path / "conf.json").write_text('{\n  "debug": true,\n  "port": 8080\n}\n')
+    (tmp_path / "t.jsonl").write_text(json.dumps({"file": "conf.json", "instruction": "Set debug to false."}))
+    task = wl.name_workloads(wl.load_jsonl(tmp_path / "t.jsonl"))[0]
     prep = wl.prepare(task, smol, 64)
-    assert prep.fence == "```" and prep.max_tokens > len(prep.extra) and prep.extra
+    assert task.tag == "edit" and prep.fence == "```" and prep.extra
+    assert prep.max_tokens == len(prep.extra) * 3 // 2 + 64  # auto: enough for the file
     ngram = Variant("ngram", 8, SpecConfig(mode="ngram", draft_max=8))
     res = run_workload(Runtime(smol), task, [Variant("none"), ngram],
-                       Settings(n_predict=64, edit_n=24, log=False))
+                       Settings(n_predict=64, edit_n=40, log=False))
     assert [r.variant.mode for r in res] == ["none", "ngram"]
     assert res[1].verdict.status in ("identical", "near-tie")
     assert res[1].speedup is not None and res[1].acceptance is not None
+    if res[0].runs[0].stop_reason == "fence":  # the model closed its block: cut there
+        assert res[0].tokens <= 40
 
 
 def test_peer_llama_cpp_python_matches_plain(smol1, smol_path):

@@ -134,18 +134,19 @@ def test_output_elsewhere_keeps_the_input(tmp_path, smol_path):
 
 def test_ctrl_c_writes_nothing(tmp_path, smol_path):
     p = tmp_path / "inventory.py"
-    shutil.copy(WORKLOADS / "inventory.py", p)
+    original = (WORKLOADS / "inventory.py").read_bytes() * 3  # a copy takes SmolLM2 many seconds
+    p.write_bytes(original)
     proc = subprocess.Popen(
         [sys.executable, "-m", "localspec", "edit", "--no-log", str(p), "-m", smol_path, "-y",
-         "-i", "Add a docstring to every method.", "--spec", "none"],
+         "-c", "8192", "-i", "Add a docstring to every method.", "--spec", "none"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    time.sleep(8)  # loaded and generating (a plain decode of ~600 tokens takes longer)
+    time.sleep(6)  # loading, prefilling or generating: Ctrl-C must write nothing in each
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err.decode()[-2000:]
     assert b"Traceback" not in err
-    assert p.read_bytes() == (WORKLOADS / "inventory.py").read_bytes()
+    assert p.read_bytes() == original
     assert sorted(x.name for x in tmp_path.iterdir()) == ["inventory.py"]
 
 

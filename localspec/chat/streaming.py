@@ -4,6 +4,7 @@ happens a few times a second rather than once per token."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -69,8 +70,11 @@ def _fence_marker(stripped: str) -> str:
 
 
 class Coalescer:
-    """Collects streamed pieces and says when a flush is due: text at `text_hz`, the
-    status line at `status_hz`. The clock is injectable for tests."""
+    """Collects streamed pieces from the generating thread for the UI thread, and says
+    when to ask the UI for a flush: text at most `text_hz` times a second, the status
+    line `status_hz`, and never while a flush already asked for is pending, so a slow
+    screen gets fewer, bigger updates and the generating thread never waits for it.
+    Thread-safe; the clock is injectable for tests."""
 
     def __init__(self, text_hz: float = 20.0, status_hz: float = 4.0,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -78,29 +82,38 @@ class Coalescer:
         self.status_interval = 1.0 / status_hz
         self.clock = clock
         self.pieces: list[Piece] = []
+        self._lock = threading.Lock()
+        self._pending = False
         self._last_text = clock()
         self._last_status = float("-inf")  # the first status update goes out at once
 
-    def add(self, text: str, from_draft: bool) -> None:
-        if not text:
-            return
-        if self.pieces and self.pieces[-1][1] == from_draft:
-            self.pieces[-1] = (self.pieces[-1][0] + text, from_draft)  # merge same-source runs
-        else:
-            self.pieces.append((text, from_draft))
+    def add(self, text: str = "", from_draft: bool = False) -> bool:
+        """Add a piece (or nothing: new numbers only). True when the caller should ask
+        the UI to flush now; the UI then calls take()."""
+        with self._lock:
+            if text:
+                if self.pieces and self.pieces[-1][1] == from_draft:
+                    self.pieces[-1] = (self.pieces[-1][0] + text, from_draft)  # merge runs
+                else:
+                    self.pieces.append((text, from_draft))
+            if self._pending:
+                return False
+            now = self.clock()
+            text_due = bool(self.pieces) and now - self._last_text >= self.text_interval
+            status_due = now - self._last_status >= self.status_interval
+            self._pending = text_due or status_due
+            return self._pending
 
-    def due(self) -> tuple[bool, bool]:
-        """(text due, status due) now."""
-        now = self.clock()
-        text = bool(self.pieces) and now - self._last_text >= self.text_interval
-        status = now - self._last_status >= self.status_interval
-        return text, status
-
-    def take(self, status: bool) -> list[Piece]:
-        """The pieces collected since the last take; marks text (and status) as flushed."""
-        now = self.clock()
-        out, self.pieces = self.pieces, []
-        self._last_text = now
-        if status:
-            self._last_status = now
-        return out
+    def take(self) -> tuple[list[Piece], bool]:
+        """(the pieces collected since the last take, whether the status is due); ends
+        the pending flush."""
+        with self._lock:
+            now = self.clock()
+            out, self.pieces = self.pieces, []
+            if out:
+                self._last_text = now
+            status = now - self._last_status >= self.status_interval
+            if status:
+                self._last_status = now
+            self._pending = False
+            return out, status
