@@ -153,7 +153,7 @@ class StopMatcher:
         return out
 
 
-class _Output:
+class Output:
     """Turns accepted token ids into text, and decides when generation ends."""
 
     def __init__(self, target: Model, gen: GenerationConfig, stats: GenerationStats) -> None:
@@ -183,7 +183,8 @@ class _Output:
         return self.stops.feed(self.detok.flush())[0] + self.stops.flush()
 
 
-def _pick(logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator) -> int:
+def pick(logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator) -> int:
+    """The target's own next token from one row of logits (argmax, or a sample)."""
     if sampling.greedy:
         return int(np.argmax(logits))
     return sample(probs_from_logits(logits, sampling), rng)
@@ -206,9 +207,11 @@ class _LazyArgmax:
         return (int(r.argmax()) for r in self.rows)
 
 
-def _verify(
+def verify(
     rows: np.ndarray, draft: Draft, sampling: SamplingConfig, rng: np.random.Generator
 ) -> tuple[int, int]:
+    """(accepted draft tokens, the target's next token): the accept rule on one round's
+    rows. Shared by generate() and the server's per-sequence rounds."""
     # rows[i]: target logits after [id_last, *draft[:i]]; p: target probs, q: draft probs
     if sampling.greedy:
         return accept_greedy(draft.tokens, _LazyArgmax(rows))
@@ -237,13 +240,13 @@ def generate(
         )
     stats = GenerationStats(prompt_tokens=len(prompt), drafter=drafter.name)
     rng = np.random.default_rng(sampling.seed)
-    out = _Output(target, gen, stats)
+    out = Output(target, gen, stats)
     policy = AdaptiveK(spec)
     models = [m for m in (target, draft_model) if m is not None]
     t0 = time.perf_counter()
     try:
         logits, stats.prefill_tokens = target.prefill(prompt)
-        id_last = _pick(logits, sampling, rng)
+        id_last = pick(logits, sampling, rng)
         t1 = time.perf_counter()
         stats.prefill_s = t1 - t0
         llama1 = sum(m.llama_s for m in models)
@@ -271,7 +274,7 @@ def generate(
                 draft = Draft()  # too short to be worth a batched verify
             tv = time.perf_counter()
             rows = target.decode([id_last, *draft.tokens], "all")
-            n_accept, id_next = _verify(rows, draft, sampling, rng)
+            n_accept, id_next = verify(rows, draft, sampling, rng)
             target.rewind(n_past + 1 + n_accept)  # keep id_last and the accepted prefix
             t_verify = time.perf_counter() - tv
             stats.draft_s += tv - td
@@ -332,4 +335,3 @@ def collect(events: Iterator[Event]) -> tuple[list[int], str, GenerationStats]:
     raise RuntimeError("generation ended without a Done event")
 
 
-_count_round = count_round  # older name, still imported by serve/sequence.py

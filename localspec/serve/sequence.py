@@ -1,8 +1,8 @@
 """One request's generation on its own KV sequence of a shared context.
 
 This is engine.generate's round cut in two around the batched decode that every active
-sequence shares, built from the engine's own pieces (AdaptiveK, _Output with its
-detokenizer and StopMatcher, _verify, _count_round, GenerationStats):
+sequence shares, built from the engine's own pieces (AdaptiveK, Output with its
+detokenizer and StopMatcher, verify, count_round, GenerationStats):
 
   plan()    1. draft up to k tokens; return this sequence's batch entry [id_last, *draft]
             2. (the scheduler decodes all entries in ONE decode_multi)
@@ -27,11 +27,11 @@ from localspec.engine import (
     AdaptiveK,
     Done,
     GenerationStats,
+    Output,
     Token,
-    _count_round,
-    _Output,
-    _pick,
-    _verify,
+    count_round,
+    pick,
+    verify,
 )
 
 
@@ -50,7 +50,7 @@ class SeqState:
         self.spec = spec
         self.gen = gen
         self.stats = GenerationStats(prompt_tokens=len(prompt), drafter=drafter.name)
-        self.out = _Output(target, gen, self.stats)
+        self.out = Output(target, gen, self.stats)
         self.policy = AdaptiveK(spec)
         self.rng = np.random.default_rng(sampling.seed)
         self.tokens = list(prompt)  # the context: prompt + generated (id_last last)
@@ -85,7 +85,7 @@ class SeqState:
         self.stats.prefill_tokens += n
         if self.n_prefilled < len(self.prompt):
             return []
-        self.id_last = _pick(rows[-1], self.sampling, self.rng)
+        self.id_last = pick(rows[-1], self.sampling, self.rng)
         self.tokens.append(self.id_last)
         self.drafter.begin(self.prompt)
         self.t_first = time.perf_counter()
@@ -122,10 +122,10 @@ class SeqState:
         at least one new token: the correction or the bonus."""
         draft = self.draft
         n_past = len(self.target.seq_tokens(self.seq)) - 1 - len(draft.tokens)
-        n_accept, id_next = _verify(rows, draft, self.sampling, self.rng)
+        n_accept, id_next = verify(rows, draft, self.sampling, self.rng)
         self.target.rewind_seq(self.seq, n_past + 1 + n_accept)  # keep id_last and the prefix
         self.stats.verify_s += verify_s
-        _count_round(self.stats, len(draft.tokens), n_accept)
+        count_round(self.stats, len(draft.tokens), n_accept)
         self.policy.update(len(draft.tokens), n_accept)
         observe = getattr(self.drafter, "observe", None)  # drafters that learn (auto)
         if observe is not None:
