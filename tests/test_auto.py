@@ -109,3 +109,44 @@ def test_auto_uses_real_ngram_drafter():
     ids, stats = _run(model, auto)
     assert ids == model.continuation(list(range(1, 9)), 120)
     assert sum(row["rounds"] for row in stats.policy.values()) == stats.rounds
+
+
+class _CountingModelDrafter(DrafterBase):
+    """A draft 'model' that records when it is asked (each ask re-syncs its KV cache)."""
+
+    name = "model"
+
+    def __init__(self, model: FakeModel) -> None:
+        self.model, self.calls = model, 0
+
+    def begin(self, prompt):
+        pass
+
+    def draft(self, context, k):
+        self.calls += 1
+        return Draft(tokens=self.model.continuation(context, k), source="model")
+
+
+class _NoMatch(DrafterBase):
+    name = "ngram"
+
+    def begin(self, prompt):
+        pass
+
+    def draft(self, context, k):
+        return Draft(source="ngram")
+
+
+def test_auto_never_probes_a_draft_model_that_cannot_pay():
+    # this CPU (tune: V(2) = 1.6, c = 0.38): even at 90% acceptance plain decoding
+    # wins, so probing would only pay the draft's KV re-sync
+    model = FakeModel()
+    dear = _CountingModelDrafter(model)
+    auto = AutoDrafter(_NoMatch(), dear, _profile(0.6, c=0.38), k_max=16, learn_costs=False)
+    _run(model, auto, n=300)
+    assert dear.calls == 0
+    # GPU-like: the same draft model is probed, and kept once it proves right
+    cheap = _CountingModelDrafter(model)
+    auto = AutoDrafter(_NoMatch(), cheap, _profile(0.01, c=0.05), k_max=16, learn_costs=False)
+    _, stats = _run(model, auto, n=300)
+    assert cheap.calls > 0 and stats.accepted > 100

@@ -22,6 +22,7 @@ from localspec.profile import Profile
 DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
 SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
 EXPLORE_EVERY = 64  # rounds between probes of a drafter the policy has written off
+OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
 
 
 def _default_v(n: int) -> float:
@@ -151,9 +152,10 @@ class AutoDrafter(DrafterBase):
                 plan, best_rate = ("ngram", kk, exp, b), rate
         if self.model is not None:
             kk, exp, rate = best_k(self.model_acc.rates(k), self.cost, self.cost.c())
-            if kk == 0 and plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2:
-                kk, exp, rate = 2, 1.0, best_rate
-            if kk and rate > best_rate:
+            if (kk == 0 and plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2
+                    and self._model_could_pay(k)):
+                kk, exp, rate = 2, 1.0, best_rate  # a probe: chosen although it scores no better
+            if kk and (rate > best_rate or plan[0] == "none"):
                 plan, best_rate = ("model", kk, exp, 0), rate
         self._last = plan
         source, kk, _, _ = plan
@@ -164,6 +166,13 @@ class AutoDrafter(DrafterBase):
             d.source = "model"
             return d
         return Draft(source="none")
+
+    def _model_could_pay(self, k: int) -> bool:
+        """Whether the draft model would pay even at an optimistic acceptance. Where it
+        cannot (a CPU whose V(n) grows steeply, a draft that costs a third of the target),
+        probing it only costs: each probe re-syncs its KV cache over every token since
+        the last one."""
+        return best_k([OPTIMISTIC] * max(k, 1), self.cost, self.cost.c())[0] > 0
 
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
         source, k, expected, bucket = self._last
