@@ -86,6 +86,14 @@ def supports_gpu_offload() -> bool:
     return bool(_ll.llama_supports_gpu_offload())
 
 
+def native_library() -> ctypes.CDLL:
+    """libllama's handle, backends registered: for read-only ggml queries that
+    llama-cpp-python does not bind (doctor's device list). dlsym on it also finds the
+    symbols of the ggml libraries it links."""
+    _init_backend()
+    return _ll.llama_cpp._lib
+
+
 def llama_cpp_version() -> str:
     return getattr(_ll, "__version__", "unknown")
 
@@ -203,6 +211,11 @@ class Model:
     @property
     def n_params(self) -> int:
         return int(_ll.llama_model_n_params(self._model))
+
+    @property
+    def n_layer(self) -> int:
+        """Repeating layers (what -ngl counts)."""
+        return int(_ll.llama_model_n_layer(self._model))
 
     def describe(self) -> str:
         buf = ctypes.create_string_buffer(256)

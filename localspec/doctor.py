@@ -39,17 +39,14 @@ _DEV_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 _GIB = 1024**3
 
 
-# ----- build facts backend.py does not expose yet -----------------------------------
-# llama-cpp-python 0.3.36 binds no ggml_backend_* function and backend.py has no layer
-# count; until backend grows devices()/ggml_build()/Model.n_layer (proposed in issue 8's
-# report), read them through backend's own llama_cpp handle. dlsym on libllama's handle
-# also finds the ggml symbols of the libraries it links. Read-only calls only.
+# ----- build facts llama-cpp-python does not bind -------------------------------------
+# llama-cpp-python 0.3.36 binds no ggml_backend_* function: read them through the
+# library handle backend.py hands out. Read-only calls only.
 
 
 @cache
 def _lib() -> ctypes.CDLL:
-    backend.system_info()  # llama_backend_init: registers the backends
-    return backend._ll.llama_cpp._lib
+    return backend.native_library()
 
 
 def _fn(name: str, restype: object, *argtypes: object) -> object:
@@ -110,9 +107,7 @@ def backends() -> list[str]:
 
 def n_layer(model: Model) -> int:
     """Repeating layers of a loaded model (llama_model_n_layer)."""
-    if hasattr(model, "n_layer"):
-        return int(model.n_layer)
-    return int(backend._ll.llama_model_n_layer(model._model))
+    return int(model.n_layer)
 
 
 # ----- the report -------------------------------------------------------------------

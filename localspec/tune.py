@@ -4,7 +4,7 @@ the `auto` policy uses."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import click
 from rich.console import Console
@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from localspec import models
 from localspec.drafters.auto import CostModel, best_k
 from localspec.options import load_options, model_options
-from localspec.profile import N_MAX, Profile, calibrate, save_profile
+from localspec.profile import N_MAX, Profile, calibrate, profile_key, save_profile
 from localspec.runtime import open_runtime
 
 
@@ -57,7 +57,10 @@ def tune(ctx: click.Context, as_json: bool, **kw) -> None:
     ) as progress:
         task = progress.add_task("measure", total=N_MAX + 2)
         profile = calibrate(rt.target, rt.draft, tick=lambda: progress.advance(task))
+        target_key = profile_key(rt.target)
     path = save_profile(profile)
+    if profile.draft is not None:  # V(n) is the target's alone: serve and draftless runs use it too
+        save_profile(replace(profile, key=target_key, draft=None, draft_t_token_s=None))
     if as_json:
         click.echo(json.dumps({**asdict(profile), "path": str(path)}, indent=2))
         return

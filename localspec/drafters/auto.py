@@ -3,7 +3,9 @@ unit of time, including k = 0 (plain decode) when nothing pays.
 
   expected tokens  E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i      (a_i: P(accept i | accepted < i))
   cost             C(k) = V(k + 1) + k * c                   (in one-token decode times)
-  choose           argmax_k E(k) / C(k); plain decode scores 1 / V(1) = 1
+  choose           argmax_k E(k) / C(k); plain decode scores 1 / V(1) = 1, and a
+                   draft must score at least 5% above it (within that, estimates
+                   are noise and plain decoding is the safe bet)
 
 V(n) comes from the calibration profile (`localspec tune`) and is refined online from
 the verify times this run measures; c is the draft model's cost ratio (0 for n-gram).
@@ -22,6 +24,7 @@ from localspec.profile import Profile
 DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
 SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
 EXPLORE_EVERY = 64  # rounds between probes of a drafter the policy has written off
+MARGIN = 0.05  # expected gain over plain decoding below which auto does not draft
 OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
 
 
@@ -142,20 +145,22 @@ class AutoDrafter(DrafterBase):
         k = min(k, self.k_max)
         found = self.ngram.draft(context, k)
         plan = ("none", 0, 1.0, 0)
-        best_rate = 1.0 / self.cost.v(1)
+        # drafting must beat plain decoding by a margin: where the gain is within the
+        # noise of the cost and acceptance estimates, plain decoding is the safe bet
+        best_rate = (1.0 + MARGIN) / self.cost.v(1)
         if found.tokens:
             b = _bucket(found.match_len)
             kk, exp, rate = best_k(self.ngram_acc[b].rates(len(found.tokens)), self.cost, 0.0)
-            if kk == 0 and self.rounds % EXPLORE_EVERY == 0:
+            if rate < best_rate and self.rounds % EXPLORE_EVERY == 0:  # probe: keep learning
                 kk, exp, rate = 1, 1.0 + self.ngram_acc[b].rates(1)[0], best_rate
             if kk and rate >= best_rate:
                 plan, best_rate = ("ngram", kk, exp, b), rate
         if self.model is not None:
             kk, exp, rate = best_k(self.model_acc.rates(k), self.cost, self.cost.c())
-            if (kk == 0 and plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2
-                    and self._model_could_pay(k)):
-                kk, exp, rate = 2, 1.0, best_rate  # a probe: chosen although it scores no better
-            if kk and (rate > best_rate or plan[0] == "none"):
+            if (rate < best_rate and plan[0] == "none"
+                    and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2 and self._model_could_pay(k)):
+                kk, exp, rate = 2, 1.0, best_rate  # probe: taken although it scores no better
+            if kk and rate >= best_rate and (plan[0] == "none" or rate > best_rate):
                 plan, best_rate = ("model", kk, exp, 0), rate
         self._last = plan
         source, kk, _, _ = plan
