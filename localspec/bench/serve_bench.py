@@ -319,6 +319,14 @@ def main(model: str | None, n_threads: int | None, n_gpu_layers: int, concurrenc
          threshold: int | None, draft_max: int, tags: str, per_tag: int, names: str, modes: str,
          as_json: bool, plot_path: str | None) -> None:
     """Serving throughput at several concurrencies: speculation off, on, and the rule."""
+    if plot_path:
+        from localspec.bench.report import check_plot
+        from localspec.errors import LocalspecError
+
+        try:
+            check_plot()  # before the model loads and the long run starts
+        except LocalspecError as exc:
+            raise click.ClickException(str(exc)) from None
     opts = LoadOptions(model=model, draft=None, n_ctx=0, n_threads=n_threads,
                        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=0)
     cs = [int(x) for x in concurrency.split(",") if x.strip()]
