@@ -416,7 +416,7 @@ def test_predicted_output_drafts_and_keeps_the_text(server):
     assert err["param"] == "prediction"
 
 
-def test_serve_bench_smoke(smol_path):
+def test_serve_bench_smoke(smol_path, tmp_path):
     from localspec.bench.serve_bench import format_report, run_serve_bench
     from localspec.options import LoadOptions
 
@@ -432,3 +432,9 @@ def test_serve_bench_smoke(smol_path):
     assert json.loads(json.dumps(out)) == out  # JSON-ready for `bench --json`
     text = format_report(out)
     assert "crossover" in text and len(lines) == 7
+    pytest.importorskip("matplotlib")
+    from localspec.bench.serve_bench import plot
+
+    png = tmp_path / "serve.png"
+    plot(out, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -80,7 +80,8 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
       localspec bench --tags edit --peer llama-cpp-python
 
     Every variant of a workload runs in this one process, interleaved, greedy; each
-    speculative output is checked token by token against plain decoding.
+    speculative output is checked token by token against plain decoding. Edit tasks
+    draft with `localspec edit`'s n-gram matching (3 to 12 tokens).
     """
     from localspec.bench import report
     from localspec.bench import workloads as wl

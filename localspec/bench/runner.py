@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -49,7 +49,7 @@ class Variant:
 
     @property
     def uses_draft(self) -> bool:
-        return self.spec is not None and self.spec.mode in ("model", "hybrid")
+        return self.spec is not None and self.spec.mode in ("model", "hybrid", "auto")
 
 
 @dataclass(frozen=True)
@@ -243,12 +243,22 @@ class _FenceStop:
         return self.reader.done
 
 
+def edit_matching(spec: SpecConfig) -> SpecConfig:
+    """`spec` with the n-gram match lengths `localspec edit` uses (long matches only: an
+    edit copies long runs of the file, and short matches there are mostly noise)."""
+    from localspec.edit_cmd import EDIT_SPEC_DEFAULTS as d
+
+    return replace(spec, ngram_min=d["ngram_min"], ngram_max=d["ngram_max"])
+
+
 def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload,
                settings: Settings, progress: Progress) -> Run:
     """One localspec generation; logged to the acceptance log as command "bench"."""
     spec = variant.spec or SpecConfig(mode="none")
+    if workload.is_edit and spec.mode in ("ngram", "hybrid", "auto"):
+        spec = edit_matching(spec)  # n-gram matching as `localspec edit` does it
     draft = rt.draft if variant.uses_draft else None
-    drafter = make_drafter(spec, GREEDY, draft, prep.extra)
+    drafter = make_drafter(spec, GREEDY, draft, prep.extra, target=rt.target)
     # every variant prefills the whole prompt in one batch, so the first token comes
     # from the same computation (a cached prefix would change the batch shape, and at
     # a near-tie the first token); the prefill is not timed
