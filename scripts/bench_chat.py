@@ -69,7 +69,7 @@ def turn_two(model: Model, reuse_prefix: bool) -> tuple[float, int, int]:
     return turn.ttft_s or 0.0, turn.prefill_tokens, turn.prompt_tokens
 
 
-def with_ui(model: Model, n: int, hz: tuple[float, float] = (10.0, 4.0)) -> tuple[float, float, int]:
+def with_ui(model: Model, n: int, hz: tuple[float, float] = (4.0, 2.0)) -> tuple[float, float, int]:
     from textual.widgets import Input
 
     runner = runner_for(model, n)
@@ -135,8 +135,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("-t", "--threads", type=int, default=None)
-    ap.add_argument("--text-hz", type=float, default=10.0, help="render: the app's text updates per second")
-    ap.add_argument("--status-hz", type=float, default=4.0, help="render: status bar updates per second")
+    ap.add_argument("--text-hz", type=float, default=4.0, help="render: the app's text updates per second")
+    ap.add_argument("--status-hz", type=float, default=2.0, help="render: status bar updates per second")
     args = ap.parse_args()
     (render if args.what == "render" else ttft)(args)
     return 0

@@ -3,8 +3,8 @@ thread worker consumes the runner's event stream and hands the reply to the UI.
 
 The worker never waits for the screen: pieces go into a Coalescer, and the worker
 posts a `Flush` message (non-blocking) when one is due and none is pending; the UI
-drains everything collected when it gets to it. So text is drawn at most ~10 times a
-second and the status bar ~4 times, a slow terminal gets fewer, bigger updates, and
+drains everything collected when it gets to it. So text is drawn at most 4 times a
+second and the status bar twice, a slow terminal gets fewer, bigger updates, and
 generation speed does not depend on drawing speed. (A blocking `call_from_thread` per
 update was measured to stall generation for most of its time at 100 tok/s.) The rare
 events, the start and end of a reply, use `call_from_thread`."""
@@ -69,7 +69,11 @@ class ChatApp(App):
         Binding("ctrl+q", "quit", "quit", priority=True),
     ]
 
-    def __init__(self, runner: ChatRunner, *, text_hz: float = 10.0, status_hz: float = 4.0) -> None:
+    # Each screen update costs textual ~15 ms of UI-thread CPU (layout, markdown, the
+    # compositor), taken from llama.cpp's threads on a small machine. Measured with
+    # scripts/bench_chat.py (1.5B, 2 cores): 10 + 4 updates/s slowed decoding by 13.6%,
+    # 4 + 2 by 2.7%.
+    def __init__(self, runner: ChatRunner, *, text_hz: float = 4.0, status_hz: float = 2.0) -> None:
         super().__init__()
         self.runner = runner
         self.text_hz, self.status_hz = text_hz, status_hz
