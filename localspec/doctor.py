@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import sys
-from functools import cache
 
 import click
 
@@ -44,13 +43,8 @@ _GIB = 1024**3
 # library handle backend.py hands out. Read-only calls only.
 
 
-@cache
-def _lib() -> ctypes.CDLL:
-    return backend.native_library()
-
-
 def _fn(name: str, restype: object, *argtypes: object) -> object:
-    f = getattr(_lib(), name)
+    f = getattr(backend.native_library(), name)
     f.restype, f.argtypes = restype, list(argtypes)
     return f
 
@@ -103,11 +97,6 @@ def backends() -> list[str]:
     get = _fn("ggml_backend_reg_get", vp, sz)
     name = _fn("ggml_backend_reg_name", ctypes.c_char_p, vp)
     return [name(get(i)).decode() for i in range(count())]
-
-
-def n_layer(model: Model) -> int:
-    """Repeating layers of a loaded model (llama_model_n_layer)."""
-    return int(model.n_layer)
 
 
 # ----- the report -------------------------------------------------------------------
@@ -173,7 +162,7 @@ def system_report(n_threads: int | None) -> dict:
 def model_report(model: Model, role: str, requested: int, offload_to: list[dict]) -> dict:
     """How llama.cpp placed one loaded model: it counts the output layer as one more
     layer, so 'all' is n_layer + 1, offloaded from the last layer backwards."""
-    total = n_layer(model) + 1
+    total = model.n_layer + 1
     offloaded = min(max(model.info.n_gpu_layers, 0), total) if offload_to else 0
     names = [d["name"] for d in offload_to]
     if offloaded == total:

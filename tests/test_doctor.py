@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from localspec.backend import has_amx, supports_gpu_offload
-from localspec.doctor import doctor, model_report, n_layer, parse_system_info, placement_warnings
+from localspec.doctor import doctor, model_report, parse_system_info, placement_warnings
 from localspec.options import load_options, model_options
 from localspec.runtime import open_runtime
 
@@ -186,4 +186,4 @@ def test_default_offload_on_this_build(smol_path):
             if CPU_BUILD:
                 assert m.info.n_gpu_layers == 0
             else:
-                assert m.info.n_gpu_layers >= n_layer(m) + 1
+                assert m.info.n_gpu_layers >= m.n_layer + 1
