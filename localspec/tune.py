@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from localspec import models
 from localspec.drafters.auto import CostModel, best_k
 from localspec.options import load_options, model_options
-from localspec.profile import N_MAX, Profile, calibrate, profile_key, save_profile
+from localspec.profile import N_MAX, Profile, calibrate, profile_key, save_profile, vcurve_sizes
 from localspec.runtime import open_runtime
 
 
@@ -55,7 +55,7 @@ def tune(ctx: click.Context, as_json: bool, **kw) -> None:
         TextColumn("[bold]tune[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), console=console, transient=True,
     ) as progress:
-        task = progress.add_task("measure", total=N_MAX + 2)
+        task = progress.add_task("measure", total=len(vcurve_sizes(N_MAX)) + 2)
         profile = calibrate(rt.target, rt.draft, tick=lambda: progress.advance(task))
         target_key = profile_key(rt.target)
     path = save_profile(profile)

@@ -7,7 +7,7 @@ from localspec.drafters.auto import AcceptModel, AutoDrafter, CostModel, best_k
 from localspec.drafters.base import Draft, DrafterBase
 from localspec.drafters.ngram import NgramDrafter
 from localspec.engine import collect, generate
-from localspec.profile import Profile
+from localspec.profile import Profile, vcurve_sizes
 
 from fakes import FakeModel
 
@@ -45,6 +45,21 @@ def test_online_measurements_replace_the_prior():
         cost.observe_verify(9, 0.11)  # a GPU-like machine: 9 tokens cost about one
     assert abs(cost.v(9) - 1.1) < 0.02
     assert cost.v(5) < 1.5  # unmeasured sizes scale from the nearest measured one
+
+
+def test_online_costs_shrug_off_a_stalled_round():
+    cost = CostModel(None, 32)
+    for _ in range(10):
+        cost.observe_verify(1, 0.10)
+        cost.observe_verify(5, 0.20)
+    cost.observe_verify(1, 5.0)  # one round stalled by another process
+    assert abs(cost.v(5) - 2.0) < 1e-9  # medians, not means
+
+
+def test_vcurve_sizes_cover_the_range():
+    sizes = vcurve_sizes(32)
+    assert sizes[:9] == list(range(1, 10)) and sizes[-1] == 32 and len(sizes) < 20
+    assert vcurve_sizes(13)[-1] == 13 and vcurve_sizes(3) == [1, 2, 3]
 
 
 def test_accept_model_learns_and_decays():
@@ -101,6 +116,33 @@ def test_auto_falls_back_to_plain_when_drafts_are_wrong():
     plain_rounds = stats.policy.get("none:0", {}).get("rounds", 0)
     assert plain_rounds > 0.8 * stats.rounds  # it stopped paying for wrong drafts
     assert stats.drafted < 40  # a few probes, not a draft every round
+
+
+def test_auto_learns_ngram_acceptance_without_drafting():
+    # a short match (prior 0.45) does not pay on this CPU's curve (V(2) = 1.6), so auto
+    # starts plain; its candidates are scored against the tokens the target produces
+    # anyway, so it finds out they are right and drafts long without waiting for a probe
+    model = FakeModel()
+    auto = AutoDrafter(_Fixed(model, good=True, match_len=1), None, _profile(0.6), k_max=16,
+                       learn_costs=False)
+    ids, stats = _run(model, auto, n=200)
+    assert ids == model.continuation(list(range(1, 9)), 200)
+    assert stats.policy.get("none:0", {}).get("rounds", 0) < 10
+    assert stats.tokens_per_round > 4
+
+
+def test_auto_scores_deep_positions_it_never_drafted():
+    model = FakeModel()
+    auto = AutoDrafter(_Fixed(model, good=True, match_len=2), None, _profile(0.3), k_max=16)
+    prompt = list(range(1, 9))
+    auto.begin(prompt)
+    context = prompt + model.continuation(prompt, 1)
+    for _ in range(30):  # decode plainly: one token a round, auto's draft not used
+        auto.draft(context, 16)
+        auto.observe(0, 0, 0.1, 0.0)
+        context = context + model.continuation(context, 1)
+    rates = auto.ngram_acc[2].rates(16)
+    assert min(rates) > 0.9  # 16 positions deep, learned from 16-token candidates
 
 
 def test_auto_uses_real_ngram_drafter():

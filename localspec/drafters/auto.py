@@ -7,15 +7,21 @@ unit of time, including k = 0 (plain decode) when nothing pays.
                    draft must score at least 5% above it (within that, estimates
                    are noise and plain decoding is the safe bet)
 
-V(n) comes from the calibration profile (`localspec tune`) and is refined online from
-the verify times this run measures; c is the draft model's cost ratio (0 for n-gram).
-Acceptance a_i is estimated per drafter (and, for n-gram drafts, per matched suffix
-length, since long matches copy long runs as in suffix decoding), from decaying counts
-smoothed toward the previous position's estimate.
+V(n) comes from the calibration profile (`localspec tune`), or without one a CPU-like
+prior, and is replaced by the medians of the verify times this run measures. c is the draft model's cost ratio (0 for n-gram), from its measured draft
+times. Acceptance a_i is estimated per drafter (and, for n-gram drafts, per matched
+suffix length, since long matches copy long runs as in suffix decoding), from decaying
+counts smoothed toward the previous position's estimate. Every n-gram candidate is
+scored in hindsight, drafted or not, against the tokens the target goes on to produce:
+how long copied runs last is learned at every depth, also while auto decodes plainly.
+The draft model is only learned from its own drafts (probed now and then, where it
+could pay at all).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Sequence
 
 from localspec.drafters.base import Draft, Drafter, DrafterBase
@@ -23,8 +29,10 @@ from localspec.profile import Profile
 
 DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
 SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
-EXPLORE_EVERY = 64  # rounds between probes of a drafter the policy has written off
+EXPLORE_EVERY = 64  # rounds between probes of a draft model the policy has written off
 MARGIN = 0.05  # expected gain over plain decoding below which auto does not draft
+WINDOW = 15  # recent verify times kept per batch size (their median is the estimate)
+MIN_SEEN = 3  # verify times needed at a batch size before they replace the prior
 OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
 
 
@@ -34,20 +42,23 @@ def _default_v(n: int) -> float:
 
 
 class CostModel:
-    """V(n): measured verify time for n tokens relative to one, EMA per batch size."""
+    """V(n): verify time for n tokens relative to one. From the calibration profile (or a
+    CPU-like prior), replaced by the medians of the verify times this run measures once
+    there are a few: the profile is measured on a short context, and at 1000 tokens of
+    context V(4) is ~20% lower on a CPU. Medians shrug off the odd stalled round."""
 
     def __init__(self, profile: Profile | None, n_max: int, learn: bool = True) -> None:
-        self.learn = learn  # False: trust the profile/prior only (reproducible decisions)
+        self.learn = learn  # False: the profile/prior only (reproducible decisions)
         self.n_max = n_max + 1
         self.prior = [profile.v(n) if profile else _default_v(n) for n in range(1, self.n_max + 1)]
-        self.seconds: list[float | None] = [None] * (self.n_max + 1)
+        self.times: list[deque[float]] = [deque(maxlen=WINDOW) for _ in range(self.n_max + 1)]
         self.c_model = profile.c if profile and profile.c else None
+        self.t_token_s = profile.t_token_s if profile else None
         self.draft_token_s: float | None = None
 
     def observe_verify(self, n: int, seconds: float) -> None:
         if 1 <= n <= self.n_max:
-            old = self.seconds[n]
-            self.seconds[n] = seconds if old is None else 0.8 * old + 0.2 * seconds
+            self.times[n].append(seconds)
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens:
@@ -55,24 +66,31 @@ class CostModel:
             old = self.draft_token_s
             self.draft_token_s = per if old is None else 0.8 * old + 0.2 * per
 
+    def seconds(self, n: int) -> float | None:
+        """Median measured verify time for n tokens, once there are enough rounds."""
+        t = self.times[n]
+        return statistics.median(t) if len(t) >= MIN_SEEN else None
+
     def v(self, n: int) -> float:
         n = min(max(n, 1), self.n_max)
-        t1 = self.seconds[1]
+        t1 = self.seconds(1)
         if not t1 or not self.learn:
             return self.prior[n - 1]
-        if self.seconds[n]:
-            return max(self.seconds[n] / t1, 1.0)
-        lo = max(m for m in range(1, n) if self.seconds[m])
-        hi = next((m for m in range(n + 1, self.n_max + 1) if self.seconds[m]), None)
-        v_lo = self.seconds[lo] / t1
+        seen = {m: s for m in range(1, self.n_max + 1) if (s := self.seconds(m))}
+        if n in seen:
+            return max(seen[n] / t1, 1.0)
+        lo = max(m for m in seen if m < n)
+        hi = min((m for m in seen if m > n), default=None)
+        v_lo = seen[lo] / t1
         if hi is None:  # beyond what we measured: follow the prior's shape
             return max(v_lo * self.prior[n - 1] / self.prior[lo - 1], 1.0)
-        v_hi = self.seconds[hi] / t1  # between two measured sizes: interpolate
+        v_hi = seen[hi] / t1  # between two measured sizes: interpolate
         return max(v_lo + (v_hi - v_lo) * (n - lo) / (hi - lo), 1.0)
 
     def c(self) -> float:
-        if self.draft_token_s and self.seconds[1]:
-            return self.draft_token_s / self.seconds[1]
+        t1 = (self.seconds(1) if self.learn else None) or self.t_token_s
+        if self.draft_token_s and t1:
+            return self.draft_token_s / t1
         return self.c_model if self.c_model is not None else 0.5
 
 
@@ -91,14 +109,23 @@ class AcceptModel:
             out.append(prev)
         return out
 
-    def observe(self, n_draft: int, n_accept: int) -> None:
+    def decay(self) -> None:
+        """A new observation begins: older ones weigh less."""
         for i in range(len(self.reached)):
             self.reached[i] *= DECAY
             self.accepted[i] *= DECAY
-        for i in range(min(n_draft, n_accept + 1, len(self.reached))):
+
+    def count(self, i: int, accepted: bool) -> None:
+        """Position i was reached, and accepted or not."""
+        if i < len(self.reached):
             self.reached[i] += 1.0
-            if i < n_accept:
-                self.accepted[i] += 1.0
+            self.accepted[i] += accepted
+
+    def observe(self, n_draft: int, n_accept: int) -> None:
+        """One verified draft: n_accept of its n_draft tokens accepted."""
+        self.decay()
+        for i in range(min(n_draft, n_accept + 1)):
+            self.count(i, i < n_accept)
 
 
 def best_k(rates: Sequence[float], cost: CostModel, c: float) -> tuple[int, float, float]:
@@ -132,10 +159,13 @@ class AutoDrafter(DrafterBase):
         self.ngram_acc = {b: AcceptModel(0.35 + 0.1 * b, k_max) for b in range(1, 7)}
         self.model_acc = AcceptModel(0.6, k_max)
         self.rounds = 0
+        # n-gram candidates not fully scored: (context length, candidate, bucket, scored)
+        self._pending: list[tuple[int, list[int], int, int]] = []
         self.choices: dict[tuple[str, int], list[float]] = {}  # (source, k) -> [n, expected, realised]
         self._last: tuple[str, int, float, int] = ("none", 0, 1.0, 0)
 
     def begin(self, prompt: Sequence[int]) -> None:
+        self._pending = []
         self.ngram.begin(prompt)
         if self.model is not None:
             self.model.begin(prompt)
@@ -143,7 +173,11 @@ class AutoDrafter(DrafterBase):
     def draft(self, context: Sequence[int], k: int) -> Draft:
         self.rounds += 1
         k = min(k, self.k_max)
+        self._settle(context)
         found = self.ngram.draft(context, k)
+        if found.tokens:  # scored later against the target's own tokens, drafted or not
+            self.ngram_acc[_bucket(found.match_len)].decay()
+            self._pending.append((len(context), found.tokens, _bucket(found.match_len), 0))
         plan = ("none", 0, 1.0, 0)
         # drafting must beat plain decoding by a margin: where the gain is within the
         # noise of the cost and acceptance estimates, plain decoding is the safe bet
@@ -151,8 +185,6 @@ class AutoDrafter(DrafterBase):
         if found.tokens:
             b = _bucket(found.match_len)
             kk, exp, rate = best_k(self.ngram_acc[b].rates(len(found.tokens)), self.cost, 0.0)
-            if rate < best_rate and self.rounds % EXPLORE_EVERY == 0:  # probe: keep learning
-                kk, exp, rate = 1, 1.0 + self.ngram_acc[b].rates(1)[0], best_rate
             if kk and rate >= best_rate:
                 plan, best_rate = ("ngram", kk, exp, b), rate
         if self.model is not None:
@@ -172,6 +204,26 @@ class AutoDrafter(DrafterBase):
             return d
         return Draft(source="none")
 
+    def _settle(self, context: Sequence[int]) -> None:
+        """Score earlier n-gram candidates against the tokens the target has produced
+        since, position by position as they arrive: whether each would have been
+        accepted had all of it been drafted (in greedy decoding exactly; sampled,
+        P(token = candidate) is the accept rule's min(1, p / q) for a one-hot q). So
+        acceptance at deep positions is learned although auto drafts short, and on text
+        where it drafts nothing at all: no n-gram probes are needed."""
+        keep = []
+        for pos, cand, b, done in self._pending:
+            acc, j = self.ngram_acc[b], done
+            for tok in context[pos + done : pos + len(cand)]:
+                acc.count(j, tok == cand[j])
+                j += 1
+                if tok != cand[j - 1]:
+                    break
+            else:
+                if j < len(cand):
+                    keep.append((pos, cand, b, j))
+        self._pending = keep
+
     def _model_could_pay(self, k: int) -> bool:
         """Whether the draft model would pay even at an optimistic acceptance. Where it
         cannot (a CPU whose V(n) grows steeply, a draft that costs a third of the target),
@@ -182,9 +234,7 @@ class AutoDrafter(DrafterBase):
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
         source, k, expected, bucket = self._last
         self.cost.observe_verify(n_draft + 1, verify_s)
-        if source == "ngram" and n_draft:
-            self.ngram_acc[bucket].observe(n_draft, n_accept)
-        elif source == "model" and n_draft:
+        if source == "model" and n_draft:  # n-gram acceptance is learned in _settle
             self.model_acc.observe(n_draft, n_accept)
             self.cost.observe_draft(n_draft, draft_s)
         row = self.choices.setdefault((source, n_draft), [0, 0.0, 0.0])
