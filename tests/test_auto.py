@@ -187,6 +187,14 @@ def test_auto_never_probes_a_draft_model_that_cannot_pay():
     auto = AutoDrafter(_NoMatch(), dear, _profile(0.6, c=0.38), k_max=16, learn_costs=False)
     _run(model, auto, n=300)
     assert dear.calls == 0
+    # lucky round times (17 tokens verified as fast as one) do not reopen the question
+    # where the profile measured the draft; without that measurement they do
+    for profile, verdict in ((_profile(0.6, c=0.38), False), (_profile(0.6), True)):
+        auto = AutoDrafter(_NoMatch(), _CountingModelDrafter(model), profile, k_max=16)
+        for _ in range(5):
+            auto.cost.observe_verify(1, 0.100)
+            auto.cost.observe_verify(17, 0.101)
+        assert auto._model_could_pay(16) is verdict
     # GPU-like: the same draft model is probed, and kept once it proves right
     cheap = _CountingModelDrafter(model)
     auto = AutoDrafter(_NoMatch(), cheap, _profile(0.01, c=0.05), k_max=16, learn_costs=False)

@@ -158,6 +158,10 @@ class AutoDrafter(DrafterBase):
         self.cost = CostModel(profile, k_max, learn=learn_costs)
         self.ngram_acc = {b: AcceptModel(0.35 + 0.1 * b, k_max) for b in range(1, 7)}
         self.model_acc = AcceptModel(0.6, k_max)
+        self._model_pays: bool | None = None  # the profile's verdict, when it has one
+        if profile is not None and profile.c:
+            calibrated = CostModel(profile, k_max, learn=False)
+            self._model_pays = best_k([OPTIMISTIC] * k_max, calibrated, profile.c)[0] > 0
         self.rounds = 0
         # n-gram candidates not fully scored: (context length, candidate, bucket, scored)
         self._pending: list[tuple[int, list[int], int, int]] = []
@@ -187,10 +191,9 @@ class AutoDrafter(DrafterBase):
             kk, exp, rate = best_k(self.ngram_acc[b].rates(len(found.tokens)), self.cost, 0.0)
             if kk and rate >= best_rate:
                 plan, best_rate = ("ngram", kk, exp, b), rate
-        if self.model is not None:
+        if self.model is not None and self._model_could_pay(k):
             kk, exp, rate = best_k(self.model_acc.rates(k), self.cost, self.cost.c())
-            if (rate < best_rate and plan[0] == "none"
-                    and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2 and self._model_could_pay(k)):
+            if rate < best_rate and plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2:
                 kk, exp, rate = 2, 1.0, best_rate  # probe: taken although it scores no better
             if kk and rate >= best_rate and (plan[0] == "none" or rate > best_rate):
                 plan, best_rate = ("model", kk, exp, 0), rate
@@ -227,9 +230,13 @@ class AutoDrafter(DrafterBase):
     def _model_could_pay(self, k: int) -> bool:
         """Whether the draft model would pay even at an optimistic acceptance. Where it
         cannot (a CPU whose V(n) grows steeply, a draft that costs a third of the target),
-        probing it only costs: each probe re-syncs its KV cache over every token since
-        the last one."""
-        return best_k([OPTIMISTIC] * max(k, 1), self.cost, self.cost.c())[0] > 0
+        drafting with it only costs, and so does probing it: each probe re-syncs its KV
+        cache over every token since the last one (~10% of decode time on this CPU at a
+        probe per 64 rounds). With a profile that measured the draft, its verdict stands:
+        a few lucky round times must not reopen the question."""
+        if self._model_pays is None:
+            return best_k([OPTIMISTIC] * max(k, 1), self.cost, self.cost.c())[0] > 0
+        return self._model_pays
 
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
         source, k, expected, bucket = self._last
