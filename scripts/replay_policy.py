@@ -40,12 +40,12 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 def record(path: str, target: str, draft: str) -> None:
     from localspec import models
-    from localspec.backend import Model
+    from localspec.backend import Model, default_threads
     from localspec.bench.runner import _FenceStop
     from localspec.bench.workloads import builtin, prepare
 
-    t = Model(ModelConfig(str(models.resolve(target)), n_ctx=4096))
-    d = Model(ModelConfig(str(models.resolve(draft, role="draft")), n_ctx=4096))
+    t = Model(ModelConfig(str(models.resolve(target)), n_ctx=4096, n_threads=default_threads()))
+    d = Model(ModelConfig(str(models.resolve(draft, role="draft")), n_ctx=4096, n_threads=default_threads()))
     out = []
     for w in builtin():
         prep = prepare(w, t, 256)
@@ -71,8 +71,8 @@ def record(path: str, target: str, draft: str) -> None:
             p /= p.sum(axis=1, keepdims=True)
             arg += [int(x) for x in p.argmax(axis=1)]
             top += [float(x) for x in p.max(axis=1)]
-        out.append(dict(name=w.name, tag=w.tag, prompt=prep.tokens, extra=prep.extra, ids=ids,
-                        d_arg=arg, d_p=top))
+        out.append({"name": w.name, "tag": w.tag, "prompt": prep.tokens, "extra": prep.extra,
+                    "ids": ids, "d_arg": arg, "d_p": top})
         print(f"{w.name}: {len(ids)} tokens", file=sys.stderr)
     with open(path, "w") as f:
         json.dump(out, f)
@@ -147,11 +147,12 @@ def main() -> int:
             profile = Profile(**json.load(f))
     else:
         from localspec import models
-        from localspec.backend import Model
+        from localspec.backend import Model, default_threads
         from localspec.profile import load_profile
 
-        t = Model(ModelConfig(str(models.resolve(args.model)), n_ctx=64))
-        d = Model(ModelConfig(str(models.resolve(args.draft, role="draft")), n_ctx=64))
+        threads = default_threads()  # as `localspec tune` measures by default
+        t = Model(ModelConfig(str(models.resolve(args.model)), n_ctx=64, n_threads=threads))
+        d = Model(ModelConfig(str(models.resolve(args.draft, role="draft")), n_ctx=64, n_threads=threads))
         profile = load_profile(t, d)
         if profile is None:
             print("no profile for the default pair: run `localspec tune` or pass --profile", file=sys.stderr)
@@ -160,10 +161,10 @@ def main() -> int:
     with open(args.traces) as f:
         traces = json.load(f)
     for tr in traces:
-        ngram = (3, 12) if tr["tag"] == "edit" else (1, 4)
+        sizes, extra = ((3, 12) if tr["tag"] == "edit" else (1, 4)), tr["extra"]
 
-        def ng() -> NgramDrafter:
-            return NgramDrafter(*ngram, extra=tr["extra"])
+        def ng(sizes=sizes, extra=extra) -> NgramDrafter:
+            return NgramDrafter(*sizes, extra=extra)
 
         plain = replay(tr, NoDrafter(), v, c, 1, False)
         fixed = {}

@@ -47,6 +47,19 @@ def test_online_measurements_replace_the_prior():
     assert cost.v(5) < 1.5  # unmeasured sizes scale from the nearest measured one
 
 
+def test_online_costs_keep_the_profiles_shape_between_measured_sizes():
+    p = _profile(0.5)
+    p.vcurve[4] = 2.0  # the profile knows V(5) is cheap (a kernel sweet spot)
+    cost = CostModel(p, 32)
+    for _ in range(5):
+        cost.observe_verify(1, 0.10)
+        cost.observe_verify(9, 0.25)  # this context: V(9) measured at half the profile's 5.0
+    assert abs(cost.v(9) - 2.5) < 1e-9
+    # V(5) scaled by the ratio halfway from 1 (at n = 1) to 0.5 (at n = 9): 2.0 x 0.75;
+    # a straight line from V(1) to V(9) would say 1.75 and hide the sweet spot
+    assert abs(cost.v(5) - 1.5) < 1e-9 and cost.v(5) < cost.v(4)
+
+
 def test_online_costs_shrug_off_a_stalled_round():
     cost = CostModel(None, 32)
     for _ in range(10):
@@ -187,12 +200,13 @@ def test_auto_never_probes_a_draft_model_that_cannot_pay():
     auto = AutoDrafter(_NoMatch(), dear, _profile(0.6, c=0.38), k_max=16, learn_costs=False)
     _run(model, auto, n=300)
     assert dear.calls == 0
-    # lucky round times (17 tokens verified as fast as one) do not reopen the question
-    # where the profile measured the draft; without that measurement they do
+    # lucky round times (2 and 17 tokens verified as fast as one) do not reopen the
+    # question where the profile measured the draft; without that measurement they do
     for profile, verdict in ((_profile(0.6, c=0.38), False), (_profile(0.6), True)):
         auto = AutoDrafter(_NoMatch(), _CountingModelDrafter(model), profile, k_max=16)
         for _ in range(5):
             auto.cost.observe_verify(1, 0.100)
+            auto.cost.observe_verify(2, 0.100)
             auto.cost.observe_verify(17, 0.101)
         assert auto._model_could_pay(16) is verdict
     # GPU-like: the same draft model is probed, and kept once it proves right

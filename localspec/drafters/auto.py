@@ -72,20 +72,19 @@ class CostModel:
         return statistics.median(t) if len(t) >= MIN_SEEN else None
 
     def v(self, n: int) -> float:
+        """Measured where this run has measured; elsewhere the profile's (or prior's)
+        shape, scaled by the measured/profile ratio interpolated from the nearest
+        measured sizes: the profile knows where the kernels switch (a straight line
+        from V(2) to V(16) would hide that V(5) costs half of V(10) on this CPU)."""
         n = min(max(n, 1), self.n_max)
         t1 = self.seconds(1)
         if not t1 or not self.learn:
             return self.prior[n - 1]
-        seen = {m: s for m in range(1, self.n_max + 1) if (s := self.seconds(m))}
-        if n in seen:
-            return max(seen[n] / t1, 1.0)
-        lo = max(m for m in seen if m < n)
-        hi = min((m for m in seen if m > n), default=None)
-        v_lo = seen[lo] / t1
-        if hi is None:  # beyond what we measured: follow the prior's shape
-            return max(v_lo * self.prior[n - 1] / self.prior[lo - 1], 1.0)
-        v_hi = seen[hi] / t1  # between two measured sizes: interpolate
-        return max(v_lo + (v_hi - v_lo) * (n - lo) / (hi - lo), 1.0)
+        ratio = {m: s / t1 / self.prior[m - 1] for m in range(1, self.n_max + 1) if (s := self.seconds(m))}
+        lo = max(m for m in ratio if m <= n)
+        hi = min((m for m in ratio if m >= n), default=lo)
+        r = ratio[lo] if hi == lo else ratio[lo] + (ratio[hi] - ratio[lo]) * (n - lo) / (hi - lo)
+        return max(self.prior[n - 1] * r, 1.0)
 
     def c(self) -> float:
         t1 = (self.seconds(1) if self.learn else None) or self.t_token_s
