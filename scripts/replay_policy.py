@@ -28,39 +28,29 @@ import sys
 
 import numpy as np
 
-from localspec.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from localspec.config import ModelConfig, SpecConfig
 from localspec.drafters.auto import AutoDrafter
 from localspec.drafters.base import Draft, DrafterBase, NoDrafter
 from localspec.drafters.ngram import NgramDrafter
-from localspec.engine import AdaptiveK, Token, generate
+from localspec.engine import AdaptiveK
 from localspec.profile import Profile
-
-GREEDY = SamplingConfig(temperature=0.0)
 
 
 def record(path: str, target: str, draft: str) -> None:
     from localspec import models
     from localspec.backend import Model, default_threads
-    from localspec.bench.runner import _FenceStop
+    from localspec.bench.runner import NoProgress, Settings, Variant, run_engine
     from localspec.bench.workloads import builtin, prepare
+    from localspec.runtime import Runtime
 
     t = Model(ModelConfig(str(models.resolve(target)), n_ctx=4096, n_threads=default_threads()))
     d = Model(ModelConfig(str(models.resolve(draft, role="draft")), n_ctx=4096, n_threads=default_threads()))
+    rt, settings = Runtime(t), Settings(log=False)
     out = []
     for w in builtin():
         prep = prepare(w, t, 256)
-        t.rewind(0)
-        fence = _FenceStop(prep.fence) if prep.fence else None
-        ids: list[int] = []
-        cut = None
-        for ev in generate(t, prep.tokens, NoDrafter(), sampling=GREEDY, spec=SpecConfig(mode="none"),
-                           gen=GenerationConfig(max_tokens=prep.max_tokens),
-                           should_stop=fence.done if fence else None):
-            if isinstance(ev, Token):
-                ids.append(ev.id)
-                if fence is not None and cut is None and fence.feed(ev.text):
-                    cut = len(ids)
-        ids = ids[:cut] if cut else ids
+        # the bench's plain run: stops at an edit's closing fence as `localspec edit` does
+        ids = run_engine(rt, prep, Variant("none"), w, settings, NoProgress()).ids
         d.rewind(0)
         d.prefill(prep.tokens[:-1])
         rest = [prep.tokens[-1], *ids]

@@ -8,8 +8,8 @@ unit of time, including k = 0 (plain decode) when nothing pays.
                    are noise and plain decoding is the safe bet)
 
 V(n) comes from the calibration profile (`localspec tune`), or without one a CPU-like
-prior, and is replaced by the medians of the verify times this run measures. c is the draft model's cost ratio (0 for n-gram), from its measured draft
-times. Acceptance a_i is estimated per drafter (and, for n-gram drafts, per matched
+prior, and is replaced by the medians of the verify times this run measures. c is the
+draft model's cost ratio (0 for n-gram), from its measured draft times. Acceptance a_i is estimated per drafter (and, for n-gram drafts, per matched
 suffix length, since long matches copy long runs as in suffix decoding), from decaying
 counts smoothed toward the previous position's estimate. Every n-gram candidate is
 scored in hindsight, drafted or not, against the tokens the target goes on to produce:
@@ -52,6 +52,7 @@ class CostModel:
         self.n_max = n_max + 1
         self.prior = [profile.v(n) if profile else _default_v(n) for n in range(1, self.n_max + 1)]
         self.times: list[deque[float]] = [deque(maxlen=WINDOW) for _ in range(self.n_max + 1)]
+        self._ratio: dict[int, float] | None = None  # measured/prior by size; None: stale
         self.c_model = profile.c if profile and profile.c else None
         self.t_token_s = profile.t_token_s if profile else None
         self.draft_token_s: float | None = None
@@ -59,6 +60,7 @@ class CostModel:
     def observe_verify(self, n: int, seconds: float) -> None:
         if 1 <= n <= self.n_max:
             self.times[n].append(seconds)
+            self._ratio = None
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens:
@@ -80,7 +82,10 @@ class CostModel:
         t1 = self.seconds(1)
         if not t1 or not self.learn:
             return self.prior[n - 1]
-        ratio = {m: s / t1 / self.prior[m - 1] for m in range(1, self.n_max + 1) if (s := self.seconds(m))}
+        if self._ratio is None:  # once per observation, not per v() call (best_k makes ~k)
+            self._ratio = {m: s / t1 / self.prior[m - 1]
+                           for m in range(1, self.n_max + 1) if (s := self.seconds(m))}
+        ratio = self._ratio
         lo = max(m for m in ratio if m <= n)
         hi = min((m for m in ratio if m >= n), default=lo)
         r = ratio[lo] if hi == lo else ratio[lo] + (ratio[hi] - ratio[lo]) * (n - lo) / (hi - lo)
@@ -178,15 +183,14 @@ class AutoDrafter(DrafterBase):
         k = min(k, self.k_max)
         self._settle(context)
         found = self.ngram.draft(context, k)
-        if found.tokens:  # scored later against the target's own tokens, drafted or not
-            self.ngram_acc[_bucket(found.match_len)].decay()
-            self._pending.append((len(context), found.tokens, _bucket(found.match_len), 0))
         plan = ("none", 0, 1.0, 0)
         # drafting must beat plain decoding by a margin: where the gain is within the
         # noise of the cost and acceptance estimates, plain decoding is the safe bet
         best_rate = (1.0 + MARGIN) / self.cost.v(1)
         if found.tokens:
             b = _bucket(found.match_len)
+            self.ngram_acc[b].decay()  # scored later against the target's tokens, drafted or not
+            self._pending.append((len(context), found.tokens, b, 0))
             kk, exp, rate = best_k(self.ngram_acc[b].rates(len(found.tokens)), self.cost, 0.0)
             if kk and rate >= best_rate:
                 plan, best_rate = ("ngram", kk, exp, b), rate
@@ -217,9 +221,10 @@ class AutoDrafter(DrafterBase):
         for pos, cand, b, done in self._pending:
             acc, j = self.ngram_acc[b], done
             for tok in context[pos + done : pos + len(cand)]:
-                acc.count(j, tok == cand[j])
+                hit = tok == cand[j]
+                acc.count(j, hit)
                 j += 1
-                if tok != cand[j - 1]:
+                if not hit:
                     break
             else:
                 if j < len(cand):
