@@ -170,7 +170,7 @@ class AutoDrafter(DrafterBase):
         # n-gram candidates not fully scored: (context length, candidate, bucket, scored)
         self._pending: list[tuple[int, list[int], int, int]] = []
         self.choices: dict[tuple[str, int], list[float]] = {}  # (source, k) -> [n, expected, realised]
-        self._last: tuple[str, int, float, int] = ("none", 0, 1.0, 0)
+        self._last: tuple[str, int, float] = ("none", 0, 1.0)  # (source, k, expected tokens)
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._pending = []
@@ -183,7 +183,7 @@ class AutoDrafter(DrafterBase):
         k = min(k, self.k_max)
         self._settle(context)
         found = self.ngram.draft(context, k)
-        plan = ("none", 0, 1.0, 0)
+        plan = ("none", 0, 1.0)
         # drafting must beat plain decoding by a margin: where the gain is within the
         # noise of the cost and acceptance estimates, plain decoding is the safe bet
         best_rate = (1.0 + MARGIN) / self.cost.v(1)
@@ -193,15 +193,15 @@ class AutoDrafter(DrafterBase):
             self._pending.append((len(context), found.tokens, b, 0))
             kk, exp, rate = best_k(self.ngram_acc[b].rates(len(found.tokens)), self.cost, 0.0)
             if kk and rate >= best_rate:
-                plan, best_rate = ("ngram", kk, exp, b), rate
+                plan, best_rate = ("ngram", kk, exp), rate
         if self.model is not None and self._model_could_pay(k):
             kk, exp, rate = best_k(self.model_acc.rates(k), self.cost, self.cost.c())
             if rate < best_rate and plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2:
                 kk, exp, rate = 2, 1.0, best_rate  # probe: taken although it scores no better
             if kk and rate >= best_rate and (plan[0] == "none" or rate > best_rate):
-                plan, best_rate = ("model", kk, exp, 0), rate
+                plan, best_rate = ("model", kk, exp), rate
         self._last = plan
-        source, kk, _, _ = plan
+        source, kk, _ = plan
         if source == "ngram":
             return Draft(tokens=found.tokens[:kk], source="ngram", match_len=found.match_len)
         if source == "model":
@@ -243,7 +243,7 @@ class AutoDrafter(DrafterBase):
         return self._model_pays
 
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
-        source, k, expected, bucket = self._last
+        source, _, expected = self._last
         self.cost.observe_verify(n_draft + 1, verify_s)
         if source == "model" and n_draft:  # n-gram acceptance is learned in _settle
             self.model_acc.observe(n_draft, n_accept)
