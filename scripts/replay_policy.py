@@ -14,6 +14,10 @@ round times, optionally with noise).
                                                            # built-in workload (~6 min)
     python scripts/replay_policy.py replay traces.json [--profile P.json] [--noise 0.15]
 
+`record --prompts FILE` records other workloads (bench's JSONL format) instead, e.g.
+scripts/heldout/tasks.jsonl: five edits of this repository's files that no policy
+constant was tuned on, to check a change made for the built-in ones.
+
 `record` also runs the draft model over each output once, so model drafts are replayed
 too: its greedy token and top probability at every position.
 """
@@ -36,18 +40,18 @@ from localspec.engine import AdaptiveK
 from localspec.profile import Profile
 
 
-def record(path: str, target: str, draft: str) -> None:
+def record(path: str, target: str, draft: str, prompts: str | None = None) -> None:
     from localspec import models
     from localspec.backend import Model, default_threads
     from localspec.bench.runner import NoProgress, Settings, Variant, run_engine
-    from localspec.bench.workloads import builtin, prepare
+    from localspec.bench.workloads import builtin, load_jsonl, name_workloads, prepare
     from localspec.runtime import Runtime
 
     t = Model(ModelConfig(str(models.resolve(target)), n_ctx=4096, n_threads=default_threads()))
     d = Model(ModelConfig(str(models.resolve(draft, role="draft")), n_ctx=4096, n_threads=default_threads()))
     rt, settings = Runtime(t), Settings(log=False)
     out = []
-    for w in builtin():
+    for w in name_workloads(load_jsonl(prompts)) if prompts else builtin():
         prep = prepare(w, t, 256)
         # the bench's plain run: stops at an edit's closing fence as `localspec edit` does
         ids = run_engine(rt, prep, Variant("none"), w, settings, NoProgress()).ids
@@ -124,13 +128,14 @@ def main() -> int:
     ap.add_argument("traces")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--prompts", help="record: a workload JSONL instead of the built-in ones")
     ap.add_argument("--profile", help="a profile JSON from `localspec tune` (default: this "
                     "machine's for the default pair)")
     ap.add_argument("--noise", type=float, default=0.0, help="lognormal sigma on the round "
                     "times auto sees (the modelled cost stays exact)")
     args = ap.parse_args()
     if args.action == "record":
-        record(args.traces, args.model, args.draft)
+        record(args.traces, args.model, args.draft, args.prompts)
         return 0
     if args.profile:
         with open(args.profile) as f:
