@@ -132,7 +132,7 @@ def test_auto_falls_back_to_plain_when_drafts_are_wrong():
 
 
 def test_auto_learns_ngram_acceptance_without_drafting():
-    # a short match (prior 0.45) does not pay on this CPU's curve (V(2) = 1.6), so auto
+    # a 1-token match (prior 0.2) does not pay on this CPU's curve (V(2) = 1.6), so auto
     # starts plain; its candidates are scored against the tokens the target produces
     # anyway, so it finds out they are right and drafts long without waiting for a probe
     model = FakeModel()
@@ -142,6 +142,19 @@ def test_auto_learns_ngram_acceptance_without_drafting():
     assert ids == model.continuation(list(range(1, 9)), 200)
     assert stats.policy.get("none:0", {}).get("rounds", 0) < 10
     assert stats.tokens_per_round > 4
+
+
+def test_auto_does_not_bet_on_unproven_short_matches():
+    # on this CPU's curve a 4-token match at the old prior (0.75) drafted on sight; on
+    # ~100-token code replies those failed verifies left auto 4-5% behind plain decoding
+    # (replay of the built-in prompts). Now evidence comes first: candidates are scored
+    # in hindsight, and wrong ones are never verified.
+    model = FakeModel()
+    auto = AutoDrafter(_Fixed(model, good=False, match_len=4), None, _profile(0.6), k_max=16,
+                       learn_costs=False)
+    ids, stats = _run(model, auto, n=96)
+    assert ids == model.continuation(list(range(1, 9)), 96)
+    assert stats.drafted == 0
 
 
 def test_auto_scores_deep_positions_it_never_drafted():
