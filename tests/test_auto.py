@@ -105,17 +105,17 @@ class _Fixed(DrafterBase):
 
 def _run(model, drafter, n=120):
     spec = SpecConfig(mode="auto", draft_max=16, adaptive=False)
-    ids, _, stats = collect(generate(model, list(range(1, 9)), drafter,
-                                     sampling=SamplingConfig(), spec=spec,
+    prompt = list(range(1, 9))
+    ids, _, stats = collect(generate(model, prompt, drafter, sampling=SamplingConfig(), spec=spec,
                                      gen=GenerationConfig(max_tokens=n)))
-    return ids, stats
+    assert ids == model.continuation(prompt, n)  # lossless, whatever auto chose
+    return stats
 
 
 def test_auto_drafts_long_when_drafts_are_right():
     model = FakeModel()
     auto = AutoDrafter(_Fixed(model, good=True), None, _profile(0.1), k_max=16)
-    ids, stats = _run(model, auto)
-    assert ids == model.continuation(list(range(1, 9)), 120)
+    stats = _run(model, auto)
     assert stats.acceptance == 1.0 and stats.tokens_per_round > 6
     assert any(key.startswith("ngram:") for key in stats.policy)
 
@@ -124,8 +124,7 @@ def test_auto_falls_back_to_plain_when_drafts_are_wrong():
     model = FakeModel()
     # the fake decodes every batch size equally fast; judge with CPU-like profile costs
     auto = AutoDrafter(_Fixed(model, good=False), None, _profile(0.3), k_max=16, learn_costs=False)
-    ids, stats = _run(model, auto, n=200)
-    assert ids == model.continuation(list(range(1, 9)), 200)
+    stats = _run(model, auto, n=200)
     plain_rounds = stats.policy.get("none:0", {}).get("rounds", 0)
     assert plain_rounds > 0.8 * stats.rounds  # it stopped paying for wrong drafts
     assert stats.drafted < 40  # a few probes, not a draft every round
@@ -138,8 +137,7 @@ def test_auto_learns_ngram_acceptance_without_drafting():
     model = FakeModel()
     auto = AutoDrafter(_Fixed(model, good=True, match_len=1), None, _profile(0.6), k_max=16,
                        learn_costs=False)
-    ids, stats = _run(model, auto, n=200)
-    assert ids == model.continuation(list(range(1, 9)), 200)
+    stats = _run(model, auto, n=200)
     assert stats.policy.get("none:0", {}).get("rounds", 0) < 10
     assert stats.tokens_per_round > 4
 
@@ -152,8 +150,7 @@ def test_auto_does_not_bet_on_unproven_short_matches():
     model = FakeModel()
     auto = AutoDrafter(_Fixed(model, good=False, match_len=4), None, _profile(0.6), k_max=16,
                        learn_costs=False)
-    ids, stats = _run(model, auto, n=96)
-    assert ids == model.continuation(list(range(1, 9)), 96)
+    stats = _run(model, auto, n=96)
     assert stats.drafted == 0
 
 
@@ -174,8 +171,7 @@ def test_auto_scores_deep_positions_it_never_drafted():
 def test_auto_uses_real_ngram_drafter():
     model = FakeModel()
     auto = AutoDrafter(NgramDrafter(1, 4), None, None, k_max=16)
-    ids, stats = _run(model, auto)
-    assert ids == model.continuation(list(range(1, 9)), 120)
+    stats = _run(model, auto)
     assert sum(row["rounds"] for row in stats.policy.values()) == stats.rounds
 
 
@@ -225,5 +221,5 @@ def test_auto_never_probes_a_draft_model_that_cannot_pay():
     # GPU-like: the same draft model is probed, and kept once it proves right
     cheap = _CountingModelDrafter(model)
     auto = AutoDrafter(_NoMatch(), cheap, _profile(0.01, c=0.05), k_max=16, learn_costs=False)
-    _, stats = _run(model, auto, n=300)
+    stats = _run(model, auto, n=300)
     assert cheap.calls > 0 and stats.accepted > 100

@@ -9,9 +9,10 @@ unit of time, including k = 0 (plain decode) when nothing pays.
 
 V(n) comes from the calibration profile (`localspec tune`), or without one a CPU-like
 prior, and is replaced by the medians of the verify times this run measures. c is the
-draft model's cost ratio (0 for n-gram), from its measured draft times. Acceptance a_i is estimated per drafter (and, for n-gram drafts, per matched
-suffix length, since long matches copy long runs as in suffix decoding), from decaying
-counts smoothed toward the previous position's estimate. Every n-gram candidate is
+draft model's cost ratio (0 for n-gram), from its measured draft times. Acceptance a_i
+is estimated per drafter (and, for n-gram drafts, per matched suffix length, since long
+matches copy long runs as in suffix decoding), from decaying counts smoothed toward the
+previous position's estimate. Every n-gram candidate is
 scored in hindsight, drafted or not, against the tokens the target goes on to produce:
 how long copied runs last is learned at every depth, also while auto decodes plainly.
 The draft model is only learned from its own drafts (probed now and then, where it
