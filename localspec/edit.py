@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localspec.errors import UsageError
+from localspec.core.errors import UsageError
 
 if TYPE_CHECKING:  # the text helpers stay importable without loading llama.cpp
-    from localspec.backend import Model
-    from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
-    from localspec.drafters import Drafter
-    from localspec.engine import Event, GenerationStats
+    from localspec.core.backend import Model
+    from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+    from localspec.core.drafters import Drafter
+    from localspec.core.engine import Event, GenerationStats
 
 BOM = "\ufeff"
 
@@ -310,7 +310,7 @@ def rewrite(target: Model, drafter: Drafter, prompt: list[int], fence: str, *,
     """Generate the edited text; stop as soon as the closing fence line is complete (or
     `should_stop` says so). KeyboardInterrupt propagates (the engine leaves the KV cache
     consistent)."""
-    from localspec.engine import Done, Token, generate
+    from localspec.core.engine import Done, Token, generate
 
     reader = FenceReader(fence)
     reader.feed(fence + "\n")  # the opening fence is in the prompt, not in the reply

@@ -24,11 +24,16 @@ import threading
 from pathlib import Path
 
 from localspec import models
-from localspec.backend import Model
 from localspec.chat.app import ChatApp
 from localspec.chat.runner import ChatRunner
-from localspec.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
-from localspec.runtime import Runtime
+from localspec.core.backend import Model
+from localspec.core.config import (
+    GenerationConfig,
+    ModelConfig,
+    SamplingConfig,
+    SpecConfig,
+)
+from localspec.core.runtime import Runtime
 
 PROMPT = "Write a Python module with five small functions for string utilities, with docstrings."
 

@@ -16,10 +16,15 @@ from rich.console import Console
 from rich.table import Table
 
 from localspec import models
-from localspec.backend import Model
-from localspec.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
-from localspec.engine import collect, generate
-from localspec.runtime import chat_prompt, make_drafter
+from localspec.core.backend import Model
+from localspec.core.config import (
+    GenerationConfig,
+    ModelConfig,
+    SamplingConfig,
+    SpecConfig,
+)
+from localspec.core.engine import collect, generate
+from localspec.core.runtime import chat_prompt, make_drafter
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_FILE = HERE.parent / "localspec" / "workloads" / "edit" / "inventory.py"

@@ -30,13 +30,25 @@ from rich.console import Console
 from rich.table import Table
 
 from localspec import models
-from localspec.backend import Model
-from localspec.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
-from localspec.edit import build_prompt, choose_fence, read_source, rewrite, split_lines, split_region
-from localspec.edit_cmd import EDIT_SPEC_DEFAULTS
-from localspec.drafters.base import Draft, DrafterBase
-from localspec.engine import AdaptiveK, Round, Token
-from localspec.runtime import make_drafter
+from localspec.commands.edit import EDIT_SPEC_DEFAULTS
+from localspec.core.backend import Model
+from localspec.core.config import (
+    GenerationConfig,
+    ModelConfig,
+    SamplingConfig,
+    SpecConfig,
+)
+from localspec.core.drafters.base import Draft, DrafterBase
+from localspec.core.engine import AdaptiveK, Round, Token
+from localspec.core.runtime import make_drafter
+from localspec.edit import (
+    build_prompt,
+    choose_fence,
+    read_source,
+    rewrite,
+    split_lines,
+    split_region,
+)
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "localspec" / "workloads"
 GREEDY = SamplingConfig(temperature=0.0)

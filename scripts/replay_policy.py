@@ -32,20 +32,20 @@ import sys
 
 import numpy as np
 
-from localspec.config import ModelConfig, SpecConfig
-from localspec.drafters.auto import AutoDrafter
-from localspec.drafters.base import Draft, DrafterBase, NoDrafter
-from localspec.drafters.ngram import NgramDrafter
-from localspec.engine import AdaptiveK
-from localspec.profile import Profile
+from localspec.core.config import ModelConfig, SpecConfig
+from localspec.core.drafters.auto import AutoDrafter
+from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter
+from localspec.core.drafters.ngram import NgramDrafter
+from localspec.core.engine import AdaptiveK
+from localspec.models.profile import Profile
 
 
 def record(path: str, target: str, draft: str, prompts: str | None = None) -> None:
     from localspec import models
-    from localspec.backend import Model, default_threads
     from localspec.bench.runner import NoProgress, Settings, Variant, run_engine
     from localspec.bench.workloads import builtin, load_jsonl, name_workloads, prepare
-    from localspec.runtime import Runtime
+    from localspec.core.backend import Model, default_threads
+    from localspec.core.runtime import Runtime
 
     t = Model(ModelConfig(str(models.resolve(target)), n_ctx=4096, n_threads=default_threads()))
     d = Model(ModelConfig(str(models.resolve(draft, role="draft")), n_ctx=4096, n_threads=default_threads()))
@@ -142,8 +142,8 @@ def main() -> int:
             profile = Profile(**json.load(f))
     else:
         from localspec import models
-        from localspec.backend import Model, default_threads
-        from localspec.profile import load_profile
+        from localspec.core.backend import Model, default_threads
+        from localspec.models.profile import load_profile
 
         threads = default_threads()  # as `localspec tune` measures by default
         t = Model(ModelConfig(str(models.resolve(args.model)), n_ctx=64, n_threads=threads))

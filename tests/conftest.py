@@ -44,8 +44,8 @@ def gemma_path() -> str:
 
 
 def _load(path: str, n_ctx: int = 2048):
-    from localspec.backend import Model
-    from localspec.config import ModelConfig
+    from localspec.core.backend import Model
+    from localspec.core.config import ModelConfig
 
     return Model(ModelConfig(path=path, n_ctx=n_ctx))
 

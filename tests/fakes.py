@@ -1,6 +1,6 @@
 """Test doubles and statistics helpers shared by the pure (no llama.cpp) tests.
 
-FakeModel implements the part of `localspec.backend.Model` that the engine and the
+FakeModel implements the part of `localspec.core.backend.Model` that the engine and the
 model drafter use: n_ctx, n_vocab, n_past, cached, llama_s, prefill, decode, rewind,
 is_eog and detokenizer. Its logits come from a deterministic function of the context,
 so the "true" continuation of any context is known to the tests. It keeps real KV
@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from localspec.drafters.base import Draft, DrafterBase
-from localspec.errors import ContextFull
+from localspec.core.drafters.base import Draft, DrafterBase
+from localspec.core.errors import ContextFull
 
 # ----- statistics -------------------------------------------------------------------
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.drafters.auto import AcceptModel, AutoDrafter, CostModel, best_k
-from localspec.drafters.base import Draft, DrafterBase
-from localspec.drafters.ngram import NgramDrafter
-from localspec.engine import collect, generate
-from localspec.profile import Profile, vcurve_sizes
-
 from fakes import FakeModel
+
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.drafters.auto import AcceptModel, AutoDrafter, CostModel, best_k
+from localspec.core.drafters.base import Draft, DrafterBase
+from localspec.core.drafters.ngram import NgramDrafter
+from localspec.core.engine import collect, generate
+from localspec.models.profile import Profile, vcurve_sizes
 
 
 def _profile(v_per_token: float, c: float | None = None) -> Profile:

@@ -21,8 +21,8 @@ from localspec.bench.runner import (
 )
 from localspec.bench.vcurve import expected_tokens, measure_vcurve
 from localspec.cli import cli
-from localspec.config import SpecConfig
-from localspec.runtime import Runtime, chat_prompt
+from localspec.core.config import SpecConfig
+from localspec.core.runtime import Runtime, chat_prompt
 
 PROMPT = {"prompt": "List the days of the week, one per line.", "tag": "prose"}
 # One thread: with more threads than idle cores, llama.cpp's spinning thread barrier
@@ -32,8 +32,8 @@ THREADS = "1"
 
 @pytest.fixture(scope="module")
 def smol1(smol_path):
-    from localspec.backend import Model
-    from localspec.config import ModelConfig
+    from localspec.core.backend import Model
+    from localspec.core.config import ModelConfig
 
     with Model(ModelConfig(path=smol_path, n_ctx=2048, n_threads=1)) as m:
         yield m
@@ -41,8 +41,8 @@ def smol1(smol_path):
 
 @pytest.fixture(scope="module")
 def smol1_draft(smol_path):
-    from localspec.backend import Model
-    from localspec.config import ModelConfig
+    from localspec.core.backend import Model
+    from localspec.core.config import ModelConfig
 
     with Model(ModelConfig(path=smol_path, n_ctx=2048, n_threads=1)) as m:
         yield m
@@ -157,7 +157,7 @@ def test_tiny_bench_table(one_prompt, smol_path):
 
 
 def test_tiny_bench_json_and_log(one_prompt, smol_path):
-    from localspec.logdb import read_records
+    from localspec.acceptance.logdb import read_records
 
     result = tiny(one_prompt, smol_path, "--json")
     assert result.exit_code == 0, result.output
@@ -226,7 +226,7 @@ def test_edit_task_runs_to_the_closing_fence(smol1, tmp_path):
 
 def test_peer_llama_cpp_python_matches_plain(smol1, smol_path):
     smol = smol1
-    from localspec.peer import open_peer
+    from localspec.bench.peer import open_peer
 
     task = wl.Workload("c-1", "code", prompt="Write a Python function that adds two numbers.")
     prep = wl.prepare(task, smol, 24)

@@ -5,9 +5,9 @@ textual app driven headless by its pilot with SmolLM2 drafting for itself."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import json
 import re
+import threading
 
 import pytest
 
@@ -15,9 +15,9 @@ from localspec.chat.commands import CommandError, help_text, parse, unescape
 from localspec.chat.runner import ChatRunner
 from localspec.chat.session import Conversation
 from localspec.chat.streaming import BlockSplitter, Coalescer
-from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.errors import ContextFull
-from localspec.runtime import Runtime
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.errors import ContextFull
+from localspec.core.runtime import Runtime
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -180,7 +180,7 @@ def test_save_and_load_round_trip(tmp_path, name):
 
 
 def test_load_rejects_foreign_files(tmp_path):
-    from localspec.errors import UsageError
+    from localspec.core.errors import UsageError
 
     (tmp_path / "x.json").write_text('{"hello": 1}')
     (tmp_path / "x.md").write_text("# just notes\n")
@@ -244,9 +244,9 @@ def test_cancel_keeps_the_partial_reply(smol):
 
 
 def test_context_full_drops_oldest_turns_with_a_notice(smol_path):
-    from localspec.backend import Model
     from localspec.chat.runner import Trimmed
-    from localspec.config import ModelConfig
+    from localspec.core.backend import Model
+    from localspec.core.config import ModelConfig
 
     with Model(ModelConfig(path=smol_path, n_ctx=256)) as small:  # llama.cpp's smallest
         runner = make_runner(small, max_tokens=16)

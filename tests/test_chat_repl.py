@@ -90,9 +90,9 @@ def test_ctrl_c_stops_the_reply_and_the_repl_goes_on(smol_path):
 
 
 def test_default_draft_only_for_the_default_target(smol_path):
-    from localspec.chat.cmd import _with_default_draft
+    from localspec.commands.chat import _with_default_draft
+    from localspec.commands.options import LoadOptions
     from localspec.models import load_manifest
-    from localspec.options import LoadOptions
 
     def opts(model, draft=None):
         return LoadOptions(model=model, draft=draft, n_ctx=512, n_threads=None,

@@ -74,9 +74,9 @@ def test_missing_model_is_one_line_exit_2(tmp_path):
 
 
 def test_missing_manifest_model_says_how_to_pull(tmp_path, monkeypatch):
-    from localspec import models, paths
-
-    from localspec.errors import ModelNotFound
+    from localspec import models
+    from localspec.core.errors import ModelNotFound
+    from localspec.models import paths
 
     monkeypatch.setattr(paths, "models_dirs", lambda: [tmp_path])
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

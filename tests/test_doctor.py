@@ -14,10 +14,15 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from localspec.backend import has_amx, supports_gpu_offload
-from localspec.doctor import doctor, model_report, parse_system_info, placement_warnings
-from localspec.options import load_options, model_options
-from localspec.runtime import open_runtime
+from localspec.commands.doctor import (
+    doctor,
+    model_report,
+    parse_system_info,
+    placement_warnings,
+)
+from localspec.commands.options import load_options, model_options
+from localspec.core.backend import has_amx, supports_gpu_offload
+from localspec.core.runtime import open_runtime
 
 LOCALSPEC = shutil.which("localspec")
 CPU_BUILD = not supports_gpu_offload()

@@ -12,11 +12,21 @@ import textwrap
 
 import pytest
 
+from localspec.core.errors import UsageError
 from localspec.edit import (
-    FenceReader, build_messages, choose_fence, decode_text, detect_newline, extract_fenced,
-    parse_lines, read_source, split_lines, split_region, unified_diff, write_atomic,
+    FenceReader,
+    build_messages,
+    choose_fence,
+    decode_text,
+    detect_newline,
+    extract_fenced,
+    parse_lines,
+    read_source,
+    split_lines,
+    split_region,
+    unified_diff,
+    write_atomic,
 )
-from localspec.errors import UsageError
 
 # ----- fences ---------------------------------------------------------------------------
 

@@ -88,7 +88,7 @@ def test_file_larger_than_context_names_its_tokens_and_lines(tmp_path, smol_path
 
 
 def test_edit_defaults_are_flags_of_the_command():
-    from localspec.edit_cmd import EDIT_SPEC_DEFAULTS, edit
+    from localspec.commands.edit import EDIT_SPEC_DEFAULTS, edit
 
     names = {p.name for p in edit.params}
     assert set(EDIT_SPEC_DEFAULTS) <= names

@@ -18,14 +18,14 @@ from fakes import (
     tv_distance,
 )
 
-import localspec.engine as engine_mod
-from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.drafters import Draft, NgramDrafter, NoDrafter
-from localspec.drafters.base import DrafterBase
-from localspec.drafters.model import ModelDrafter
-from localspec.engine import Done, Round, StopMatcher, Token, collect, generate
-from localspec.errors import ContextFull
-from localspec.sampling import sample
+import localspec.core.engine as engine_mod
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.drafters import Draft, NgramDrafter, NoDrafter
+from localspec.core.drafters.base import DrafterBase
+from localspec.core.drafters.model import ModelDrafter
+from localspec.core.engine import Done, Round, StopMatcher, Token, collect, generate
+from localspec.core.errors import ContextFull
+from localspec.core.sampling import sample
 
 PROMPT = [11, 4, 27, 4, 9]
 

@@ -9,13 +9,18 @@ from __future__ import annotations
 import pytest
 from test_real_models import EDIT_SOURCE, assert_same_greedy, plain_greedy
 
-from localspec.backend import Model, supports_gpu_offload
-from localspec.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
-from localspec.doctor import devices, model_report, offload_devices
-from localspec.drafters import HybridDrafter, NgramDrafter, NoDrafter
-from localspec.drafters.model import ModelDrafter
-from localspec.engine import collect, generate
-from localspec.runtime import chat_prompt
+from localspec.commands.doctor import devices, model_report, offload_devices
+from localspec.core.backend import Model, supports_gpu_offload
+from localspec.core.config import (
+    GenerationConfig,
+    ModelConfig,
+    SamplingConfig,
+    SpecConfig,
+)
+from localspec.core.drafters import HybridDrafter, NgramDrafter, NoDrafter
+from localspec.core.drafters.model import ModelDrafter
+from localspec.core.engine import collect, generate
+from localspec.core.runtime import chat_prompt
 
 pytestmark = [
     pytest.mark.gpu,

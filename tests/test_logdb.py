@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from localspec import classify, logdb
-from localspec.config import SamplingConfig, SpecConfig
-from localspec.engine import GenerationStats
+from localspec.acceptance import classify, logdb
+from localspec.core.config import SamplingConfig, SpecConfig
+from localspec.core.engine import GenerationStats
 
 
 @pytest.fixture(autouse=True)

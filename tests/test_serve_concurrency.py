@@ -21,10 +21,10 @@ from test_serve import free_port
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-from localspec.backend import Model
-from localspec.config import ModelConfig, SamplingConfig, SpecConfig
-from localspec.drafters import NgramDrafter
-from localspec.errors import BackendError
+from localspec.core.backend import Model
+from localspec.core.config import ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.drafters import NgramDrafter
+from localspec.core.errors import BackendError
 from localspec.serve.app import ServeSettings, create_app
 from localspec.serve.scheduler import Scheduler, SchedulerConfig
 

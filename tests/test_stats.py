@@ -10,10 +10,11 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from localspec import drift, logdb, stats_cmd
+from localspec.acceptance import drift, logdb
 from localspec.cli import cli
-from localspec.config import SamplingConfig, SpecConfig
-from localspec.engine import GenerationStats
+from localspec.commands import stats as stats_cmd
+from localspec.core.config import SamplingConfig, SpecConfig
+from localspec.core.engine import GenerationStats
 
 TARGET = "qwen2.5-coder-1.5b"
 DRAFT = "qwen2.5-coder-0.5b"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
-from localspec import paths
 from test_cli import cli
+
+from localspec.models import paths
 
 
 def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):

@@ -5,5 +5,7 @@ runner.py     every variant of one workload in one process, interleaved, greedy;
               each speculative output checked against plain decoding
 vcurve.py     the verify cost curve V(n) and the draft cost ratio c
 report.py     rich tables, JSON and the optional plot
-cmd.py        the click command
+peer.py       llama-cpp-python's own speculative loop, for `bench --peer`
+
+The click command is localspec/commands/bench.py.
 """

@@ -22,7 +22,7 @@ from rich.table import Table
 from localspec.bench.runner import Result
 from localspec.bench.vcurve import VCurve
 from localspec.bench.workloads import tag_rank
-from localspec.errors import LocalspecError
+from localspec.core.errors import LocalspecError
 
 LEGEND = (
     "tok/s: decode speed (first token to last). speedup: tok/s over `none` on the same "

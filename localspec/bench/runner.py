@@ -22,13 +22,13 @@ import numpy as np
 
 from localspec.bench.vcurve import VCurve, expected_tokens
 from localspec.bench.workloads import Prepared, Workload, prepare
-from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.engine import Done, GenerationStats, Token, generate
-from localspec.runtime import Runtime, make_drafter
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.engine import Done, GenerationStats, Token, generate
+from localspec.core.runtime import Runtime, make_drafter
 
 if TYPE_CHECKING:
-    from localspec.backend import Model
-    from localspec.peer import LlamaCppPythonPeer
+    from localspec.bench.peer import LlamaCppPythonPeer
+    from localspec.core.backend import Model
 
 NEAR_TIE = 0.5  # top-2 logit margin; the same threshold as tests/test_real_models.py
 GREEDY = SamplingConfig(temperature=0.0)
@@ -246,7 +246,7 @@ class _FenceStop:
 def edit_matching(spec: SpecConfig) -> SpecConfig:
     """`spec` with the n-gram match lengths `localspec edit` uses (long matches only: an
     edit copies long runs of the file, and short matches there are mostly noise)."""
-    from localspec.edit_cmd import EDIT_SPEC_DEFAULTS as d
+    from localspec.commands.edit import EDIT_SPEC_DEFAULTS as d
 
     return replace(spec, ngram_min=d["ngram_min"], ngram_max=d["ngram_max"])
 
@@ -293,7 +293,7 @@ def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload
 def _log(rt: Runtime, stats: GenerationStats, spec: SpecConfig, workload: Workload,
          draft: Model | None, settings: Settings) -> None:
     try:
-        from localspec.logdb import log_generation
+        from localspec.acceptance.logdb import log_generation
     except ImportError:  # the acceptance log is optional
         return
     log_generation("bench", stats, target=rt.target.path, draft=draft.path if draft else None,

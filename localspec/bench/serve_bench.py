@@ -30,8 +30,13 @@ from typing import Any
 
 import click
 
-from localspec.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
-from localspec.options import LoadOptions
+from localspec.commands.options import LoadOptions
+from localspec.core.config import (
+    GenerationConfig,
+    ModelConfig,
+    SamplingConfig,
+    SpecConfig,
+)
 
 MODES = ("off", "on", "rule")
 PER_SLOT_CTX = 2048
@@ -86,9 +91,9 @@ def run_serve_bench(
     the threshold rule (n-gram drafting, greedy). Loads its own copy of the target with
     max(concurrency) sequences. Returns a JSON-ready dict: runs, crossover, rule check."""
     from localspec import models
-    from localspec.backend import Model
     from localspec.bench import workloads as wl
-    from localspec.serve.cmd import _spec_threshold
+    from localspec.commands.serve import _spec_threshold
+    from localspec.core.backend import Model
 
     say = progress or (lambda line: None)
     spec = spec or SpecConfig(mode="ngram", draft_max=16)
@@ -321,7 +326,7 @@ def main(model: str | None, n_threads: int | None, n_gpu_layers: int, concurrenc
     """Serving throughput at several concurrencies: speculation off, on, and the rule."""
     if plot_path:
         from localspec.bench.report import check_plot
-        from localspec.errors import LocalspecError
+        from localspec.core.errors import LocalspecError
 
         try:
             check_plot()  # before the model loads and the long run starts

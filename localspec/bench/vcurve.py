@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from localspec.backend import Model
+    from localspec.core.backend import Model
 
 FILLER = (
     "The verify step decodes the last accepted token and every drafted token in one "

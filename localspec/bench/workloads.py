@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localspec.errors import UsageError
-from localspec.paths import PACKAGE_DIR
+from localspec.core.errors import UsageError
+from localspec.models.paths import PACKAGE_DIR
 
 if TYPE_CHECKING:
-    from localspec.backend import Model
+    from localspec.core.backend import Model
 
 WORKLOADS_DIR = PACKAGE_DIR / "workloads"
 BUILTIN_FILES = (WORKLOADS_DIR / "prompts.jsonl", WORKLOADS_DIR / "edit" / "tasks.jsonl")
@@ -121,7 +121,7 @@ def _tag(tag: str | None) -> str | None:
 
 
 def _classify(prompt: str) -> str:
-    from localspec.classify import classify
+    from localspec.acceptance.classify import classify
 
     return classify(prompt, "", "bench")
 
@@ -163,7 +163,7 @@ def prepare(w: Workload, target: Model, n_predict: int, edit_n: int = 0) -> Prep
     """Tokens and a token limit for `target`. Edit tasks get `edit_n` tokens, or when
     that is 0 enough for the whole file: 1.5x its tokens + 64."""
     from localspec import edit
-    from localspec.runtime import chat_prompt
+    from localspec.core.runtime import chat_prompt
 
     if not w.is_edit:
         return Prepared(chat_prompt(target, w.prompt), n_predict)

@@ -11,8 +11,8 @@ events, the start and end of a reply, use `call_from_thread`."""
 
 from __future__ import annotations
 
-import time
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +24,18 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Input
 
-from localspec.chat.commands import WHILE_GENERATING, Command, CommandError, parse, unescape
+from localspec.chat.commands import (
+    WHILE_GENERATING,
+    Command,
+    CommandError,
+    parse,
+    unescape,
+)
 from localspec.chat.runner import ChatRunner, Trimmed
 from localspec.chat.streaming import Coalescer
 from localspec.chat.widgets import AssistantMessage, Notice, StatusBar, UserMessage
-from localspec.engine import Done, Token
-from localspec.errors import LocalspecError
+from localspec.core.engine import Done, Token
+from localspec.core.errors import LocalspecError
 
 
 @dataclass

@@ -10,7 +10,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from localspec.config import SPEC_MODES
+from localspec.core.config import SPEC_MODES
 
 COMMANDS = {
     "help": ("", "show this help"),

@@ -15,8 +15,8 @@ from typing import TextIO
 
 from localspec.chat.commands import CommandError, parse, unescape
 from localspec.chat.runner import ChatRunner, Trimmed
-from localspec.engine import Done, Token
-from localspec.errors import LocalspecError
+from localspec.core.engine import Done, Token
+from localspec.core.errors import LocalspecError
 
 
 def run_repl(runner: ChatRunner, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:

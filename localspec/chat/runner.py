@@ -13,10 +13,10 @@ from pathlib import Path
 
 from localspec.chat.commands import Command, CommandError, help_text
 from localspec.chat.session import Conversation
-from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.drafters import Drafter
-from localspec.engine import Done, Event, GenerationStats, Round, Token, generate
-from localspec.runtime import Runtime, make_drafter
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.drafters import Drafter
+from localspec.core.engine import Done, Event, GenerationStats, Round, Token, generate
+from localspec.core.runtime import Runtime, make_drafter
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,7 @@ class ChatRunner:
         if not self.log:
             return
         try:
-            from localspec import logdb
+            from localspec.acceptance import logdb
         except ImportError:  # the acceptance log is optional
             return
         logdb.log_generation(

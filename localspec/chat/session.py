@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from localspec.errors import ContextFull, UsageError
+from localspec.core.errors import ContextFull, UsageError
 
 FORMAT = "localspec-chat"
 VERSION = 1

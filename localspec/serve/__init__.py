@@ -6,5 +6,6 @@
     sequence.py   one request's draft/verify/accept round on its own KV sequence
     protocol.py   request validation and OpenAI-shaped responses and errors
     metrics.py    counters and gauges, rendered as Prometheus text
-    cmd.py        the click command
+
+The click command is localspec/commands/serve.py.
 """

@@ -30,8 +30,8 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from localspec.backend import Model
-from localspec.config import GenerationConfig, SamplingConfig
+from localspec.core.backend import Model
+from localspec.core.config import GenerationConfig, SamplingConfig
 from localspec.serve import protocol
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.scheduler import (
@@ -274,7 +274,7 @@ class _Api:
         if not self.settings.log_generations:
             return
         try:
-            from localspec import logdb
+            from localspec.acceptance import logdb
         except ImportError:
             return
         if not hasattr(logdb, "log_generation"):

@@ -10,7 +10,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable
 
-from localspec.engine import count_round
+from localspec.core.engine import count_round
 
 PREFIX = "localspec_"
 

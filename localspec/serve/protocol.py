@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from localspec.engine import GenerationStats
+from localspec.core.engine import GenerationStats
 
 MAX_STOPS = 4
 CHAT_ROLES = {"system", "developer", "user", "assistant"}

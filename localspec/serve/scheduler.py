@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.backend import Model
-from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.drafters.base import Drafter
-from localspec.engine import GenerationStats
-from localspec.runtime import make_drafter
+from localspec.core.backend import Model
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.drafters.base import Drafter
+from localspec.core.engine import GenerationStats
+from localspec.core.runtime import make_drafter
 from localspec.serve.metrics import Metrics
 from localspec.serve.sequence import SeqState
 

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.backend import Model
-from localspec.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.drafters.base import Draft, Drafter
-from localspec.engine import (
+from localspec.core.backend import Model
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.drafters.base import Draft, Drafter
+from localspec.core.engine import (
     AdaptiveK,
     Done,
     GenerationStats,

@@ -1,0 +1,144 @@
+"""Click options shared by the commands, and their conversion to config dataclasses.
+
+Flags follow llama.cpp's spelling; the newer `--spec-draft-n-*` names are aliases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import click
+
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+
+SPEC_CHOICES = ("auto", "none", "ngram", "model", "hybrid")
+
+
+def _stack(*decorators: Callable) -> Callable:
+    def apply(f: Callable) -> Callable:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+
+    return apply
+
+
+def model_options(default_draft: bool = False) -> Callable:
+    draft_help = "draft model (path, manifest name or org/repo[:file.gguf])"
+    if default_draft:
+        draft_help += "; default: the manifest's default draft, 'none' for no draft model"
+    return _stack(
+        click.option("-m", "--model", envvar="LOCALSPEC_MODEL", default=None,
+                     help="target model: path, manifest name or org/repo[:file.gguf] [default: qwen2.5-coder-1.5b]"),
+        click.option("--draft", "-md", "--model-draft", "draft", envvar="LOCALSPEC_DRAFT",
+                     default=None, help=draft_help),
+        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=64), default=4096,
+                     show_default=True, help="context size in tokens"),
+        click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
+                     help="CPU threads [default: all cores available]"),
+        click.option("-ngl", "--n-gpu-layers", "--gpu-layers", "n_gpu_layers", type=int, default=-1,
+                     help="target layers on the GPU (-1: all when the build can offload)"),
+        click.option("-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "n_gpu_layers_draft",
+                     type=int, default=-1, help="draft model layers on the GPU (-1: all)"),
+    )
+
+
+def spec_options(f: Callable) -> Callable:
+    return _stack(
+        click.option("--spec", type=click.Choice(SPEC_CHOICES), default="auto", show_default=True,
+                     envvar="LOCALSPEC_SPEC",
+                     help="drafting: auto (picks drafter and k each round from measured costs and "
+                          "acceptance), none, ngram (prompt lookup), model, hybrid (n-gram, else "
+                          "the model)"),
+        click.option("--draft-max", "--spec-draft-n-max", "draft_max", type=click.IntRange(0, 64),
+                     default=None, help="most tokens drafted per round [default: 32 for auto, else 16]"),
+        click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=click.IntRange(0, 64),
+                     default=0, show_default=True, help="drafts shorter than this are not verified"),
+        click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min",
+                     type=click.FloatRange(0, 1), default=0.75, show_default=True,
+                     help="the model drafter stops when its top probability falls below this"),
+        click.option("--ngram-min", type=click.IntRange(1, 16), default=1, show_default=True,
+                     help="shortest context suffix the n-gram drafter matches"),
+        click.option("--ngram-max", type=click.IntRange(1, 16), default=4, show_default=True,
+                     help="longest context suffix the n-gram drafter matches"),
+        click.option("--fixed-k", is_flag=True, help="always draft --draft-max (no adaptive k)"),
+    )(f)
+
+
+def sampling_options(f: Callable) -> Callable:
+    return _stack(
+        click.option("--temp", "--temperature", "temperature", type=click.FloatRange(min=0),
+                     default=0.0, show_default=True, help="0 is greedy"),
+        click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True),
+        click.option("--top-p", type=click.FloatRange(0, 1), default=0.95, show_default=True),
+        click.option("--min-p", type=click.FloatRange(0, 1), default=0.05, show_default=True),
+        click.option("--seed", type=int, default=None, help="random seed for sampling"),
+    )(f)
+
+
+def gen_options(default_max: int = 512) -> Callable:
+    return _stack(
+        click.option("-n", "--n-predict", "--max-tokens", "max_tokens", type=int,
+                     default=default_max, show_default=True,
+                     help="most tokens to generate (<= 0: until end of text or context full)"),
+        click.option("--stop", multiple=True, help="stop when this text is generated (repeatable)"),
+    )
+
+
+def log_options(f: Callable) -> Callable:
+    return _stack(
+        click.option("--tag", default=None,
+                     help="workload tag for the acceptance log [default: classified: code, json, edit, prose]"),
+        click.option("--no-log", is_flag=True, envvar="LOCALSPEC_NO_LOG",
+                     help="do not record this generation in the acceptance log"),
+    )(f)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load the target and draft models."""
+
+    model: str | None
+    draft: str | None
+    n_ctx: int
+    n_threads: int | None
+    n_gpu_layers: int
+    n_gpu_layers_draft: int
+    verbose: bool = False
+
+
+def load_options(kw: dict, verbose: bool = False) -> LoadOptions:
+    return LoadOptions(
+        model=kw.pop("model"), draft=kw.pop("draft"), n_ctx=kw.pop("n_ctx"),
+        n_threads=kw.pop("n_threads"), n_gpu_layers=kw.pop("n_gpu_layers"),
+        n_gpu_layers_draft=kw.pop("n_gpu_layers_draft"), verbose=verbose,
+    )
+
+
+def spec_config(kw: dict, has_draft: bool) -> SpecConfig:
+    mode = kw.pop("spec") or "auto"
+    if mode in ("model", "hybrid") and not has_draft:
+        raise click.UsageError(f"--spec {mode} needs a draft model (--draft)")
+    ngram_min, ngram_max = kw.pop("ngram_min"), kw.pop("ngram_max")
+    if ngram_min > ngram_max:
+        raise click.UsageError("--ngram-min must not exceed --ngram-max")
+    draft_max = kw.pop("draft_max")
+    fixed_k = kw.pop("fixed_k")
+    return SpecConfig(
+        mode=mode, draft_max=draft_max if draft_max is not None else (32 if mode == "auto" else 16),
+        draft_min=kw.pop("draft_min"), draft_p_min=kw.pop("draft_p_min"),
+        ngram_min=ngram_min, ngram_max=ngram_max,
+        adaptive=not fixed_k and mode != "auto",  # auto chooses k itself
+    )
+
+
+def sampling_config(kw: dict) -> SamplingConfig:
+    return SamplingConfig(
+        temperature=kw.pop("temperature"), top_k=kw.pop("top_k"), top_p=kw.pop("top_p"),
+        min_p=kw.pop("min_p"), seed=kw.pop("seed"),
+    )
+
+
+def gen_config(kw: dict) -> GenerationConfig:
+    return GenerationConfig(max_tokens=kw.pop("max_tokens"), stop=tuple(kw.pop("stop")))

@@ -1,0 +1,155 @@
+"""`localspec run`: prompt from arguments and stdin, text streamed to stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from localspec.acceptance.logdb import log_generation
+from localspec.commands.options import (
+    LoadOptions,
+    gen_config,
+    gen_options,
+    load_options,
+    log_options,
+    model_options,
+    sampling_config,
+    sampling_options,
+    spec_config,
+    spec_options,
+)
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.engine import Done, GenerationStats, Token, generate
+from localspec.core.errors import UsageError
+from localspec.core.runtime import chat_prompt, make_drafter, open_runtime
+
+
+def read_prompt(args: tuple[str, ...]) -> str:
+    """Arguments first, then stdin (when it is not a terminal) as context after them."""
+    parts = [" ".join(args)] if args else []
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        if piped.strip():
+            parts.append(piped)
+    text = "\n\n".join(p for p in parts if p)
+    if not text.strip():
+        raise UsageError("no prompt: give one as an argument or on stdin")
+    return text
+
+
+def stats_line(stats: GenerationStats) -> str:
+    """One human line: speed, acceptance, mean accepted length."""
+    parts = [
+        f"{stats.generated} tokens",
+        f"{stats.tokens_per_s:.1f} tok/s",
+        f"prefill {stats.prefill_tokens} tok in {stats.prefill_s:.2f}s",
+        f"drafter {stats.drafter}",
+    ]
+    if stats.drafted:
+        parts += [
+            f"acceptance {stats.acceptance:.0%} ({stats.accepted}/{stats.drafted})",
+            f"mean accepted {stats.mean_accepted:.2f}",
+            f"{stats.tokens_per_round:.2f} tok/round",
+        ]
+    return " | ".join(parts) + f" | stop: {stats.stop_reason}"
+
+
+def print_stats(stats: GenerationStats, fmt: str | None) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(stats.to_dict()), err=True)
+    elif fmt in ("text", "policy"):
+        click.echo(stats_line(stats), err=True)
+    if fmt == "policy":
+        for choice, row in stats.policy.items():
+            click.echo(f"  {choice:>10}: {row['rounds']:4d} rounds, expected {row['expected']:.2f}"
+                       f" tokens/round, realised {row['realised']:.2f}", err=True)
+
+
+def run_generation(
+    opts: LoadOptions,
+    spec: SpecConfig,
+    sampling: SamplingConfig,
+    gen: GenerationConfig,
+    text: str,
+    *,
+    system: str | None,
+    raw: bool,
+    stats_format: str | None,
+    tag: str | None = None,
+    log: bool = True,
+) -> GenerationStats | None:
+    """Load, generate, stream to stdout. Ctrl-C stops and keeps what was printed."""
+    with open_runtime(opts, want_draft=spec.mode in ("auto", "model", "hybrid")) as rt:
+        target = rt.target
+        prompt = target.tokenize(text) if raw else chat_prompt(target, text, system)
+        drafter = make_drafter(spec, sampling, rt.draft, target=target)
+        events = generate(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen,
+                          draft_model=rt.draft)
+        out = sys.stdout
+        stats = None
+        pieces: list[str] = []
+        try:
+            for ev in events:
+                if isinstance(ev, Token) and ev.text:
+                    out.write(ev.text)
+                    out.flush()
+                    pieces.append(ev.text)
+                elif isinstance(ev, Done):
+                    out.write(ev.text)
+                    pieces.append(ev.text)
+                    stats = ev.stats
+        except KeyboardInterrupt:
+            events.close()  # the engine's finally leaves the KV cache consistent
+            out.write("\n")
+            out.flush()
+            click.echo("interrupted", err=True)
+            raise SystemExit(130) from None
+        finally:
+            events.close()
+        output = "".join(pieces)
+        if output and not output.endswith("\n"):
+            out.write("\n")
+        out.flush()
+        if stats is not None:
+            print_stats(stats, stats_format)
+            log_generation(
+                "run", stats, target=target.path, draft=rt.draft.path if rt.draft else None,
+                spec=spec, sampling=sampling, tag=tag, prompt_text=text, output_text=output,
+                enabled=log,
+            )
+        return stats
+
+
+@click.command()
+@click.argument("prompt", nargs=-1)
+@model_options()
+@spec_options
+@sampling_options
+@gen_options()
+@click.option("--system", default=None, help="system message for the chat template")
+@click.option("--raw", is_flag=True, help="send the text as is, without the chat template")
+@click.option("--stats", "stats_format", type=click.Choice(["text", "json", "policy"]),
+              default="text", show_default=True,
+              help="stats on stderr: one line, a JSON record, or the line plus how often the auto "
+                   "policy chose each drafter and k (expected vs realised tokens per round)")
+@click.option("-q", "--quiet", is_flag=True, help="print no stats")
+@log_options
+@click.pass_context
+def run(ctx: click.Context, prompt: tuple[str, ...], system: str | None, raw: bool,
+        stats_format: str, quiet: bool, tag: str | None, no_log: bool, **kw) -> None:
+    """Generate a reply to PROMPT; text piped on stdin is appended as context.
+
+    \b
+      git diff | localspec run "write a commit message"
+      localspec run --raw "def fib(n):" -n 64
+    """
+    opts = load_options(kw, ctx.obj["verbose"])
+    spec = spec_config(kw, has_draft=bool(opts.draft and opts.draft.lower() != "none"))
+    text = read_prompt(prompt)
+    run_generation(
+        opts, spec, sampling_config(kw), gen_config(kw), text,
+        system=system, raw=raw, stats_format=None if quiet else stats_format,
+        tag=tag, log=not no_log,
+    )

