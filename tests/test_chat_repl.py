@@ -61,7 +61,7 @@ def test_bad_input_is_one_line_and_exit_2(smol_path, tmp_path):
     proc = chat("-m", smol_path, "--session", str(bad), stdin="hi\n", timeout=60)
     assert proc.returncode == 2 and "not valid JSON" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = chat("-m", smol_path, "--spec", "model", stdin="hi\n", timeout=60)
+    proc = chat("-m", smol_path, "--spec", "model", "--draft", "none", stdin="hi\n", timeout=60)
     assert proc.returncode == 2 and "needs a draft model" in proc.stderr
 
 
