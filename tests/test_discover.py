@@ -82,8 +82,11 @@ _DIGESTS: dict[str, str] = {}
 
 def _sha256(path: str | Path) -> str:
     if str(path) not in _DIGESTS:
+        digest = hashlib.sha256()
         with open(path, "rb") as f:
-            _DIGESTS[str(path)] = hashlib.file_digest(f, "sha256").hexdigest()
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        _DIGESTS[str(path)] = digest.hexdigest()
     return _DIGESTS[str(path)]
 
 
