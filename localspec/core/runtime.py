@@ -3,8 +3,10 @@ pair, build the drafter. Shared by run, edit, chat, bench and serve."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from localspec import models
 from localspec.commands.options import LoadOptions
@@ -14,8 +16,12 @@ from localspec.core.config import ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.model import ModelDrafter
-from localspec.core.errors import UsageError
+from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
+from localspec.models.drafts import draft_candidates
+from localspec.models.gguf_info import GGUFError
 from localspec.models.profile import load_profile
+
+AUTO_DRAFT_TRIES = 3  # loads at most this many header-compatible drafts before giving up
 
 
 @dataclass
@@ -36,27 +42,74 @@ class Runtime:
 
 
 def open_runtime(opts: LoadOptions, *, want_draft: bool, n_seq_max: int = 1) -> Runtime:
-    """Resolve and load the models; the draft only when `want_draft` and one is named."""
+    """Resolve and load the models; the draft only when `want_draft` and one is named
+    (`auto`: the best compatible draft on disk, or none)."""
     target_path = models.resolve(opts.model, role="target")
+    draft_spec = (opts.draft or "none") if want_draft else "none"
     draft_path = None
-    if want_draft and opts.draft and opts.draft.lower() != "none":
-        draft_path = models.resolve(opts.draft, role="draft")
+    if draft_spec.lower() not in ("none", "auto"):
+        draft_path = models.resolve(draft_spec, role="draft")
     target = Model(ModelConfig(
         path=str(target_path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
         n_gpu_layers=opts.n_gpu_layers, n_seq_max=n_seq_max, verbose=opts.verbose,
     ))
-    if draft_path is None:
-        return Runtime(target)
     try:
-        draft = Model(ModelConfig(
-            path=str(draft_path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
-            n_gpu_layers=opts.n_gpu_layers_draft, verbose=opts.verbose,
-        ))
-        check_pair(target, draft)
+        draft = None
+        if draft_spec.lower() == "auto":
+            draft = _auto_draft(target, opts)
+        elif draft_path is not None:
+            draft = _load_draft(draft_path, opts)
+            _check_pair(target, draft)
     except BaseException:
         target.close()
         raise
     return Runtime(target, draft)
+
+
+def _check_pair(target: Model, draft: Model) -> None:
+    """check_pair, closing the draft when it refuses."""
+    try:
+        check_pair(target, draft)
+    except BaseException:
+        draft.close()
+        raise
+
+
+def _load_draft(path: Path, opts: LoadOptions) -> Model:
+    return Model(ModelConfig(
+        path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
+        n_gpu_layers=opts.n_gpu_layers_draft, verbose=opts.verbose,
+    ))
+
+
+def _auto_draft(target: Model, opts: LoadOptions) -> Model | None:
+    """The best draft on disk by its header (models/drafts.py) that check_pair accepts
+    once loaded; None (n-gram drafting) when there is none. Says which on stderr."""
+    try:
+        kept = [c for c in draft_candidates(target.path) if c.kept]
+    except (GGUFError, OSError) as exc:
+        _notice(f"draft: none (auto: cannot read the target's GGUF header: {exc}); drafting with n-grams")
+        return None
+    for cand in kept[:AUTO_DRAFT_TRIES]:
+        try:
+            draft = _load_draft(cand.path, opts)
+        except LocalspecError as exc:
+            _notice(f"draft auto: skipped {cand.name}: {exc}")
+            continue
+        try:
+            _check_pair(target, draft)
+        except IncompatibleModels as exc:
+            _notice(f"draft auto: skipped {cand.name}: {exc}")
+            continue
+        _notice(f"draft: {cand.name} (auto: {cand.reason})")
+        return draft
+    _notice("draft: none (auto: no compatible smaller model on disk, see `localspec models "
+            "--drafts-for`); drafting with n-grams")
+    return None
+
+
+def _notice(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def make_drafter(
