@@ -47,8 +47,11 @@ def cheapest(items):
 
 
 def plain_greedy(model, prompt, n):
-    """Reference: one token per decode, recording the top-2 margin at each step."""
+    """Reference: one token per decode, recording the top-2 margin at each step. The
+    prompt is prefilled whole from an empty cache, as the engine then does (this leaves
+    the cache empty): a cached prefix would change the batch, at a near-tie the token."""
     tokens, margins = [], []
+    model.rewind(0)
     logits, _ = model.prefill(prompt)
     for _ in range(n):
         top2 = np.partition(logits, -2)[-2:]
