@@ -1,12 +1,13 @@
-"""Test doubles and statistics helpers shared by the pure (no llama.cpp) tests.
+"""Test doubles and statistics helpers shared by the pure (no model loaded) tests.
 
 FakeModel implements the part of `localspec.core.backend.Model` that the engine and the
 model drafter use: n_ctx, n_vocab, n_past, cached, llama_s, decode, rewind, is_eog and
 detokenizer; prefill and common_prefix are the backend's own (PrefixCache), so the
-engine tests exercise the real prefix reuse. Its logits come from a deterministic function of the context,
-so the "true" continuation of any context is known to the tests. It keeps real KV
-bookkeeping (`cached`) plus the simulated KV cells (`cells`), which can run ahead of
-`cached` when a decode is interrupted, exactly like llama.cpp's cache can.
+engine tests exercise the real prefix reuse. Its logits come from a deterministic
+function of the context, so the "true" continuation of any context is known to the
+tests. It keeps real KV bookkeeping (`cached`) plus the simulated KV cells (`cells`),
+which can run ahead of `cached` when a decode is interrupted, exactly like llama.cpp's
+cache can.
 """
 
 from __future__ import annotations
