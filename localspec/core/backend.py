@@ -178,7 +178,33 @@ class Detokenizer:
         return self.decoder.decode(b"", final=True)
 
 
-class Model:
+class PrefixCache:
+    """Prefix reuse for anything that keeps `cached` (what its KV cache holds) and has
+    `rewind(n_past)` and `decode(tokens, "last")`: Model, and the tests' fake model, so
+    the engine tests run this code rather than a copy of it."""
+
+    cached: list[int]
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        n = 0
+        for a, b in zip(self.cached, tokens):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def prefill(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Make the cache hold exactly `tokens`, reusing the shared prefix.
+
+        Returns (logits row after the last token, number of tokens actually decoded).
+        The last token is always decoded so its logits exist.
+        """
+        keep = min(self.common_prefix(tokens), len(tokens) - 1)
+        self.rewind(keep)
+        return self.decode(tokens[keep:], "last")[0], len(tokens) - keep
+
+
+class Model(PrefixCache):
     """One GGUF with its own context (KV cache) for sequence 0 (or n_seq_max sequences).
 
     `cached` mirrors what sequence 0's KV cache holds, so a new prompt that shares a
@@ -393,24 +419,6 @@ class Model:
         if n_past < self.n_past or force:
             _ll.llama_memory_seq_rm(self._mem, 0, n_past, -1)
             del self.cached[n_past:]
-
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.cached, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    def prefill(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
-        """Make the cache hold exactly `tokens`, reusing the shared prefix.
-
-        Returns (logits row after the last token, number of tokens actually decoded).
-        The last token is always decoded so its logits exist.
-        """
-        keep = min(self.common_prefix(tokens), len(tokens) - 1)
-        self.rewind(keep)
-        return self.decode(tokens[keep:], "last")[0], len(tokens) - keep
 
     # ----- several sequences in one context (continuous batching) ----------------
 
