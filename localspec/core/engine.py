@@ -206,8 +206,8 @@ class Generation:
             self.stats.stop_reason = "context"
             return []
         left = self.gen.max_tokens - self.stats.generated if self.gen.max_tokens > 0 else room
-        k = 0  # never draft past -n: the round's own token comes on top
-        if self.spec.mode != "none":
+        k = 0
+        if self.spec.mode != "none":  # never past -n: the round's own token comes on top
             k = max(0, min(self.policy.k, room, left - 1, room if k_cap is None else k_cap))
         td = time.perf_counter()
         draft = self.drafter.draft(self.tokens, k) if k > 0 else Draft()
