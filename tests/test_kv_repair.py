@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_real_models import GREEDY, assert_same_greedy, plain_greedy
 
-import localspec.core.backend as backend
+from localspec.core import backend
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, ModelConfig, SpecConfig
 from localspec.core.drafters.model import ModelDrafter
