@@ -1,13 +1,13 @@
 """Test doubles and statistics helpers shared by the pure (no model loaded) tests.
 
 FakeModel implements the part of `localspec.core.backend.Model` that the engine and the
-model drafter use: n_ctx, n_vocab, n_past, cached, llama_s, decode, rewind, is_eog and
-detokenizer; prefill and common_prefix are the backend's own (PrefixCache), so the
-engine tests exercise the real prefix reuse. Its logits come from a deterministic
-function of the context, so the "true" continuation of any context is known to the
-tests. It keeps real KV bookkeeping (`cached`) plus the simulated KV cells (`cells`),
-which can run ahead of `cached` when a decode is interrupted, exactly like llama.cpp's
-cache can.
+model drafter use on sequence 0: n_ctx, n_ctx_seq, n_vocab, n_past, cached, llama_s,
+decode, rewind, is_eog and detokenizer; prefill and common_prefix are the backend's own
+(PrefixCache), so the engine tests exercise the real prefix reuse. Its logits come from
+a deterministic function of the context, so the "true" continuation of any context is
+known to the tests. It keeps real KV bookkeeping (`cached`) plus the simulated KV cells
+(`cells`), which can run ahead of `cached` when a decode is interrupted, exactly like
+llama.cpp's cache can.
 """
 
 from __future__ import annotations
@@ -170,6 +170,10 @@ class FakeModel(PrefixCache):
         return len(self.cached)
 
     @property
+    def n_ctx_seq(self) -> int:
+        return self.n_ctx  # one sequence has the whole context
+
+    @property
     def decode_sizes(self) -> list[int]:
         return [n for kind, n in self.calls if kind == "decode"]
 
@@ -198,7 +202,8 @@ class FakeModel(PrefixCache):
         out = np.stack([np.asarray(self.logits_fn(ctx[: base + r + 1]), dtype=np.float32) for r in rows])
         return out
 
-    def rewind(self, n_past: int, force: bool = False) -> None:
+    def rewind(self, n_past: int, force: bool = False, *, seq: int = 0) -> None:
+        assert seq == 0, "the fake holds one sequence"
         if n_past < self.n_past or force:
             del self.cells[n_past:]
             del self.cached[n_past:]
