@@ -4,8 +4,10 @@
     scheduler.py  the one thread that owns the model: continuous batching, one
                   decode_multi per step, speculation switched off above a batch size
     sequence.py   one request's draft/verify/accept round on its own KV sequence
-    protocol.py   request validation and OpenAI-shaped responses and errors
-    metrics.py    counters and gauges, rendered as Prometheus text
+    schema.py     the OpenAI request bodies as strict pydantic models
+    protocol.py   a body -> GenRequest or OpenAI's 400 error; OpenAI-shaped responses
+    metrics.py    counters and gauges, exposed through prometheus_client
+    policy.py     serving defaults: per-slot context, when speculation turns off under load
 
 The click command is localspec/commands/serve.py.
 """
