@@ -184,16 +184,20 @@ def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: Spe
         run.wall_s = time.perf_counter() - t0
     finally:
         sched.stop()
-    m = sched.metrics
+    _rates(run, sched.metrics, latencies, ttfts)
+    return run
+
+
+def _rates(run: Run, m: Any, latencies: list[float], ttfts: list[float]) -> None:
+    """Fill in the run's rates from its counts, the scheduler's metrics and the times."""
     run.spec_steps = m.spec_steps / m.steps if m.steps else 0.0
     run.tok_s = run.tokens / run.wall_s if run.wall_s else 0.0
     run.latency_mean_s = statistics.fmean(latencies)
     run.latency_max_s = max(latencies)
     run.ttft_mean_s = statistics.fmean(ttfts)
-    steps, seconds, tokens = m.batch_throughput(c)
+    steps, seconds, tokens = m.batch_throughput(run.concurrency)
     run.decode_tok_s = tokens / seconds if steps and seconds else None
     run.decode_steps = steps
-    return run
 
 
 def _summary(runs: list[Run], target: Any, limit: int | None, source: str, n_predict: int,

@@ -111,12 +111,8 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
 
     results, vc, meta, title = _run(opts, items, variants, settings,
                                     vcurve_max if vcurve else 0, peer, k_list)
-    serve_out = None
-    if serve:  # after our models are freed: it loads its own target
-        serve_out = serve_bench.run_serve_bench(
-            opts=opts, n_predict=n_predict, tags=_words(tags) or ("code", "json", "prose", "edit"),
-            per_tag=per_tag or 1, progress=lambda line: click.echo(line, err=True),
-            **({"concurrency": serve_cs} if serve_cs else {}))
+    # after our models are freed: the serve bench loads its own target
+    serve_out = _serve_bench(opts, n_predict, _words(tags), per_tag, serve_cs) if serve else None
     out = report.to_json(results, vc, meta) | {"serve": serve_out}
     if save_path:
         _write(save_path, json.dumps(out, indent=2) + "\n")
@@ -128,6 +124,18 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
             click.echo(serve_bench.format_report(serve_out))
     if plot_path:
         _plots(plot_path, results, vc, title, serve_out)
+    _fail_on_mismatch(results)
+
+
+def _serve_bench(opts: Any, n_predict: int, tags: list[str], per_tag: int,
+                 concurrency: list[int] | None) -> dict[str, Any]:
+    return serve_bench.run_serve_bench(
+        opts=opts, n_predict=n_predict, tags=tags or ("code", "json", "prose", "edit"),
+        per_tag=per_tag or 1, progress=lambda line: click.echo(line, err=True),
+        **({"concurrency": concurrency} if concurrency else {}))
+
+
+def _fail_on_mismatch(results: list) -> None:
     bad = [r for r in results if r.verdict.status == "MISMATCH"]
     if bad:
         names = ", ".join(f"{r.workload} {r.variant.label}" for r in bad)
