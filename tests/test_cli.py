@@ -113,7 +113,7 @@ def test_bad_option_value_exit_2():
 
 
 def test_spec_model_without_draft_exit_2(smol_path):
-    proc = cli("run", "-m", smol_path, "--spec", "model", "hi", timeout=60)
+    proc = cli("run", "-m", smol_path, "--spec", "model", "--draft", "none", "hi", timeout=60)
     assert proc.returncode == 2 and "--draft" in proc.stderr
 
 

@@ -29,7 +29,8 @@ REAL_MANIFEST = Path(__file__).resolve().parents[1] / "models" / "manifest.json"
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    """LOCALSPEC_HOME/MODELS and the hub cache in tmp; a checkout holding only the manifest."""
+    """LOCALSPEC_HOME/MODELS, the hub cache and every other store in tmp; a checkout
+    holding only the manifest."""
     checkout = tmp_path / "checkout"
     (checkout / "models").mkdir(parents=True)
     shutil.copy(REAL_MANIFEST, checkout / "models" / "manifest.json")
@@ -39,6 +40,10 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_MODELS", str(tmp_path / "models"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # other tools' stores (LM Studio under HOME, Ollama, llama.cpp): empty dirs in tmp
+    for var, sub in (("HOME", "user"), ("OLLAMA_MODELS", "ollama"), ("LLAMA_CACHE", "llama.cpp"),
+                     ("XDG_CACHE_HOME", "user/.cache"), ("HF_HOME", "hf-home")):  # fmt: skip
+        monkeypatch.setenv(var, str(tmp_path / sub))
     for var in ("HF_ENDPOINT", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(fetch, "_probe_cache", {})

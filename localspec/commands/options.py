@@ -27,15 +27,20 @@ def _stack(*decorators: Callable) -> Callable:
     return apply
 
 
-def model_options(default_draft: bool = False) -> Callable:
-    draft_help = "draft model (path, manifest name or org/repo[:file.gguf])"
+def model_options(default_draft: bool = False, auto_draft: bool = False) -> Callable:
+    """-m, --draft and how to load them. `auto_draft`: --draft defaults to auto (run,
+    chat); `default_draft`: the command uses the manifest's default draft (bench)."""
+    draft_help = ("draft model: path, manifest name, org/repo[:file.gguf], ollama:NAME:TAG, a name "
+                  "fragment, 'auto' (the best compatible smaller model on disk) or 'none'")
     if default_draft:
-        draft_help += "; default: the manifest's default draft, 'none' for no draft model"
+        draft_help += " [default: the manifest's default draft]"
     return _stack(
         click.option("-m", "--model", envvar="LOCALSPEC_MODEL", default=None,
-                     help="target model: path, manifest name or org/repo[:file.gguf] [default: qwen2.5-coder-1.5b]"),
+                     help="target model: path, manifest name, org/repo[:file.gguf], ollama:NAME:TAG, "
+                          "lmstudio:PUBLISHER/REPO/FILE, or a part of a name `localspec models` lists "
+                          "[default: qwen2.5-coder-1.5b]"),
         click.option("--draft", "-md", "--model-draft", "draft", envvar="LOCALSPEC_DRAFT",
-                     default=None, help=draft_help),
+                     default="auto" if auto_draft else None, show_default=auto_draft, help=draft_help),
         click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=64), default=4096,
                      show_default=True, help="context size in tokens"),
         click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,

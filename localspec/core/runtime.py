@@ -4,6 +4,7 @@ through here (run, edit, chat, bench, serve, tune, doctor)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,12 @@ from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, Spec
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.model import ModelDrafter
-from localspec.core.errors import UsageError
+from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
+from localspec.models.drafts import draft_candidates
+from localspec.models.gguf_info import GGUFError
 from localspec.models.profile import Profile, Setup, load_profile, model_id
+
+AUTO_DRAFT_TRIES = 3  # loads at most this many header-compatible drafts before giving up
 
 
 @dataclass
@@ -37,18 +42,22 @@ class Runtime:
 
 
 def open_runtime(opts: LoadOptions, *, want_draft: bool, n_seq_max: int = 1) -> Runtime:
-    """Resolve and load the models; the draft only when `want_draft` and one is named.
-    `n_seq_max`: parallel sequences in the target's context (serving)."""
+    """Resolve and load the models; the draft only when `want_draft` and one is named
+    (`auto`: the best compatible draft on disk, or none). `n_seq_max`: parallel
+    sequences in the target's context (serving)."""
     target_path = models.resolve(opts.model, role="target")
+    draft_spec = (opts.draft or "none") if want_draft else "none"
     draft_path = None  # resolved before any load: a bad name fails fast
-    if want_draft and opts.draft and opts.draft.lower() != "none":
-        draft_path = models.resolve(opts.draft, role="draft")
+    if draft_spec.lower() not in ("none", "auto"):
+        draft_path = models.resolve(draft_spec, role="draft")
     target = load_model(opts, "target", target_path, n_seq_max=n_seq_max)
-    if draft_path is None:
-        return Runtime(target)
     try:
-        draft = load_model(opts, "draft", draft_path)
-        check_pair(target, draft)
+        draft = None
+        if draft_spec.lower() == "auto":
+            draft = _auto_draft(target, opts)
+        elif draft_path is not None:
+            draft = load_model(opts, "draft", draft_path)
+            _check_pair(target, draft)
     except BaseException:
         target.close()
         raise
@@ -79,6 +88,45 @@ def setup_of(target: Model, draft: Model | None = None) -> Setup:
 def find_profile(target: Model, draft: Model | None = None) -> Profile | None:
     """The calibration profile (`localspec tune`) of these loaded models, if stored."""
     return load_profile(setup_of(target, draft))
+
+
+def _check_pair(target: Model, draft: Model) -> None:
+    """check_pair, closing the draft when it refuses."""
+    try:
+        check_pair(target, draft)
+    except BaseException:
+        draft.close()
+        raise
+
+
+def _auto_draft(target: Model, opts: LoadOptions) -> Model | None:
+    """The best draft on disk by its header (models/drafts.py) that check_pair accepts
+    once loaded; None (n-gram drafting) when there is none. Says which on stderr."""
+    try:
+        kept = [c for c in draft_candidates(target.path) if c.kept]
+    except (GGUFError, OSError) as exc:
+        _notice(f"draft: none (auto: cannot read the target's GGUF header: {exc}); drafting with n-grams")
+        return None
+    for cand in kept[:AUTO_DRAFT_TRIES]:
+        try:
+            draft = load_model(opts, "draft", cand.path)
+        except LocalspecError as exc:
+            _notice(f"draft auto: skipped {cand.name}: {exc}")
+            continue
+        try:
+            _check_pair(target, draft)
+        except IncompatibleModels as exc:
+            _notice(f"draft auto: skipped {cand.name}: {exc}")
+            continue
+        _notice(f"draft: {cand.name} (auto: {cand.reason})")
+        return draft
+    _notice("draft: none (auto: no compatible smaller model on disk, see `localspec models "
+            "--drafts-for`); drafting with n-grams")
+    return None
+
+
+def _notice(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def make_drafter(

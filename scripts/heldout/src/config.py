@@ -1,0 +1,56 @@
+"""Configuration as frozen dataclasses; no I/O here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SPEC_MODES = ("auto", "none", "ngram", "model", "hybrid")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """How to load one GGUF."""
+
+    path: str
+    n_ctx: int = 4096
+    n_threads: int | None = None  # None: llama.cpp's default for this machine
+    n_gpu_layers: int = -1  # -1: all layers when the build can offload, else 0
+    n_seq_max: int = 1
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Applied identically to target (p) and draft (q) distributions."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 40  # 0: off
+    top_p: float = 0.95  # 1.0: off
+    min_p: float = 0.05  # 0.0: off
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Which drafter and how many tokens to draft per round."""
+
+    mode: str = "ngram"  # auto | none | ngram | model | hybrid
+    draft_max: int = 16
+    draft_min: int = 0
+    draft_p_min: float = 0.75  # model drafter stops when its top prob falls below
+    ngram_min: int = 1
+    ngram_max: int = 4
+    adaptive: bool = True  # grow k after fully accepted rounds, shrink after early misses
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """When to stop."""
+
+    max_tokens: int = 512  # -n; <= 0 means until EOS or context full
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
