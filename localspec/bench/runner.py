@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from localspec.acceptance import logdb
 from localspec.bench.vcurve import VCurve, expected_tokens
 from localspec.bench.workloads import Prepared, Workload, prepare
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
@@ -292,11 +293,7 @@ def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload
 
 def _log(rt: Runtime, stats: GenerationStats, spec: SpecConfig, workload: Workload,
          draft: Model | None, settings: Settings) -> None:
-    try:
-        from localspec.acceptance.logdb import log_generation
-    except ImportError:  # the acceptance log is optional
-        return
-    log_generation("bench", stats, target=rt.target.path, draft=draft.path if draft else None,
+    logdb.log_generation("bench", stats, target=rt.target.path, draft=draft.path if draft else None,
                    spec=spec, sampling=GREEDY, tag=workload.tag, enabled=settings.log)
 
 

@@ -6,13 +6,16 @@ Flags follow llama.cpp's spelling; the newer `--spec-draft-n-*` names are aliase
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import click
 
-from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
-
-SPEC_CHOICES = ("auto", "none", "ngram", "model", "hybrid")
+from localspec.core.config import (
+    SPEC_MODES,
+    GenerationConfig,
+    LoadOptions,
+    SamplingConfig,
+    SpecConfig,
+)
 
 
 def _stack(*decorators: Callable) -> Callable:
@@ -51,7 +54,7 @@ def model_options(default_draft: bool = False, auto_draft: bool = False) -> Call
 
 def spec_options(f: Callable) -> Callable:
     return _stack(
-        click.option("--spec", type=click.Choice(SPEC_CHOICES), default="auto", show_default=True,
+        click.option("--spec", type=click.Choice(SPEC_MODES), default="auto", show_default=True,
                      envvar="LOCALSPEC_SPEC",
                      help="drafting: auto (picks drafter and k each round from measured costs and "
                           "acceptance), none, ngram (prompt lookup), model, hybrid (n-gram, else "
@@ -98,19 +101,6 @@ def log_options(f: Callable) -> Callable:
         click.option("--no-log", is_flag=True, envvar="LOCALSPEC_NO_LOG",
                      help="do not record this generation in the acceptance log"),
     )(f)
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """How to load the target and draft models."""
-
-    model: str | None
-    draft: str | None
-    n_ctx: int
-    n_threads: int | None
-    n_gpu_layers: int
-    n_gpu_layers_draft: int
-    verbose: bool = False
 
 
 def load_options(kw: dict, verbose: bool = False) -> LoadOptions:

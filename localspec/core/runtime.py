@@ -1,5 +1,6 @@
 """Glue between the commands and the engine: load the target (and draft), check the
-pair, build the drafter. Shared by run, edit, chat, bench and serve."""
+pair, find their calibration profile, build the drafter. Every command loads models
+through here (run, edit, chat, bench, serve, tune, doctor)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec import models
-from localspec.commands.options import LoadOptions
-from localspec.core.backend import Model
+from localspec.core.backend import Model, supports_gpu_offload
 from localspec.core.compat import check_pair
-from localspec.core.config import ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.model import ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
 from localspec.models.drafts import draft_candidates
 from localspec.models.gguf_info import GGUFError
-from localspec.models.profile import load_profile
+from localspec.models.profile import Profile, Setup, load_profile, model_id
 
 AUTO_DRAFT_TRIES = 3  # loads at most this many header-compatible drafts before giving up
 
@@ -43,27 +43,51 @@ class Runtime:
 
 def open_runtime(opts: LoadOptions, *, want_draft: bool, n_seq_max: int = 1) -> Runtime:
     """Resolve and load the models; the draft only when `want_draft` and one is named
-    (`auto`: the best compatible draft on disk, or none)."""
+    (`auto`: the best compatible draft on disk, or none). `n_seq_max`: parallel
+    sequences in the target's context (serving)."""
     target_path = models.resolve(opts.model, role="target")
     draft_spec = (opts.draft or "none") if want_draft else "none"
-    draft_path = None
+    draft_path = None  # resolved before any load: a bad name fails fast
     if draft_spec.lower() not in ("none", "auto"):
         draft_path = models.resolve(draft_spec, role="draft")
-    target = Model(ModelConfig(
-        path=str(target_path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
-        n_gpu_layers=opts.n_gpu_layers, n_seq_max=n_seq_max, verbose=opts.verbose,
-    ))
+    target = load_model(opts, "target", target_path, n_seq_max=n_seq_max)
     try:
         draft = None
         if draft_spec.lower() == "auto":
             draft = _auto_draft(target, opts)
         elif draft_path is not None:
-            draft = _load_draft(draft_path, opts)
+            draft = load_model(opts, "draft", draft_path)
             _check_pair(target, draft)
     except BaseException:
         target.close()
         raise
     return Runtime(target, draft)
+
+
+def load_model(opts: LoadOptions, role: str, path: str | Path | None = None, *,
+               n_seq_max: int = 1) -> Model:
+    """Load one model, the target or the draft (`role`: which name in `opts` to resolve
+    when no `path` is given, and which GPU layers), with the context and threads of
+    `opts`; no pair check."""
+    name, n_gpu_layers = ((opts.model, opts.n_gpu_layers) if role == "target"
+                          else (opts.draft, opts.n_gpu_layers_draft))
+    path = path or models.resolve(name, role=role)
+    return Model(ModelConfig(
+        path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads, n_gpu_layers=n_gpu_layers,
+        n_seq_max=n_seq_max, verbose=opts.verbose,
+    ))
+
+
+def setup_of(target: Model, draft: Model | None = None) -> Setup:
+    """The calibration setup of loaded models: what their profile is keyed by."""
+    device = "gpu" if supports_gpu_offload() and target.info.n_gpu_layers else "cpu"
+    return Setup(model_id(target.path), model_id(draft.path) if draft else None, device,
+                 target.info.n_threads, target.info.n_gpu_layers)
+
+
+def find_profile(target: Model, draft: Model | None = None) -> Profile | None:
+    """The calibration profile (`localspec tune`) of these loaded models, if stored."""
+    return load_profile(setup_of(target, draft))
 
 
 def _check_pair(target: Model, draft: Model) -> None:
@@ -73,13 +97,6 @@ def _check_pair(target: Model, draft: Model) -> None:
     except BaseException:
         draft.close()
         raise
-
-
-def _load_draft(path: Path, opts: LoadOptions) -> Model:
-    return Model(ModelConfig(
-        path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
-        n_gpu_layers=opts.n_gpu_layers_draft, verbose=opts.verbose,
-    ))
 
 
 def _auto_draft(target: Model, opts: LoadOptions) -> Model | None:
@@ -92,7 +109,7 @@ def _auto_draft(target: Model, opts: LoadOptions) -> Model | None:
         return None
     for cand in kept[:AUTO_DRAFT_TRIES]:
         try:
-            draft = _load_draft(cand.path, opts)
+            draft = load_model(opts, "draft", cand.path)
         except LocalspecError as exc:
             _notice(f"draft auto: skipped {cand.name}: {exc}")
             continue
@@ -128,7 +145,7 @@ def make_drafter(
         return ngram
     model = ModelDrafter(draft_model, sampling, spec.draft_p_min) if draft_model else None
     if spec.mode == "auto":
-        profile = load_profile(target, draft_model) if target is not None else None
+        profile = find_profile(target, draft_model) if target is not None else None
         return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max))
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")

@@ -6,8 +6,10 @@
                   off above a batch size
     sequence.py   one request on its own KV sequence: the engine's round (Generation)
                   plus a prompt prefilled in chunks
-    protocol.py   request validation and OpenAI-shaped responses and errors
-    metrics.py    counters and gauges, rendered as Prometheus text
+    schema.py     the OpenAI request bodies as strict pydantic models
+    protocol.py   a body -> GenRequest or OpenAI's 400 error; OpenAI-shaped responses
+    metrics.py    counters and gauges, exposed through prometheus_client
+    policy.py     serving defaults: per-slot context, when speculation turns off under load
 
 The click command is localspec/commands/serve.py.
 """
