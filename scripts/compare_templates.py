@@ -10,9 +10,9 @@ with localspec.core.chat_template, and prints which prompts differ.
 
 --model: GGUFs whose own templates are compared (default: the four test models).
 --templates: also every *.jinja in DIR (e.g. llama.cpp's models/templates), each run
-  with the first --model's vocabulary (its BOS/EOS texts).
---record: write the cases and llama-server's prompts as the expected strings of
-  tests/test_chat_template.py (only the GGUF models' and --templates' cases).
+  with --template-model's vocabulary (its BOS/EOS texts; default: the first --model).
+--record: write the cases, the templates and llama-server's prompts (those localspec
+  renders identically) as the expected strings of tests/test_chat_template.py.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ CLOCK = {"type": "function", "function": {"name": "get_time", "description": "Lo
                                           "parameters": {"type": "object", "properties": {}}}}
 ASK = {"role": "user", "content": "What's the weather in Paris?"}
 CALL = {"role": "assistant", "content": None, "tool_calls": [{
-    "id": "call0a1b2c", "type": "function",
+    "id": "call0a1b2", "type": "function",
     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]}
-RESULT = {"role": "tool", "tool_call_id": "call0a1b2c", "name": "get_weather",
+RESULT = {"role": "tool", "tool_call_id": "call0a1b2", "name": "get_weather",
           "content": '{"temperature": 18, "sky": "clear"}'}
 KWARGS = {"date_string": "26 Jul 2024", "datetime": "Jul 26 2024"}  # not today's date
 
@@ -131,8 +131,7 @@ def compare(binary: str, model: Model, template: Path | None, label: str, verbos
         for name, case in CASES.items():
             theirs, their_err = server.apply(case)
             mine, my_err = ours(tmpl, case)
-            same = theirs == mine
-            status = "same" if same else ("both fail" if theirs is None and mine is None else "DIFF")
+            status = "both fail" if theirs is None and mine is None else ("same" if theirs == mine else "DIFF")
             records.append({"template": label, "case": name, "status": status, "expected": theirs})
             if status != "same" or verbose:
                 print(f"{label:48} {name:22} {status}")
@@ -148,26 +147,28 @@ def main() -> int:
     ap.add_argument("--server", required=True)
     ap.add_argument("--model", action="append")
     ap.add_argument("--templates", type=Path)
+    ap.add_argument("--template-model")
     ap.add_argument("--record", type=Path)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     names = args.model or ["qwen2.5-coder-1.5b", "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]
-    loaded = [Model(ModelConfig(path=str(models.resolve(n)), n_ctx=256)) for n in names]
-    records, saved = [], []
-    for name, model in zip(names, loaded):
-        got = compare(args.server, model, None, f"gguf:{name}", args.verbose)
-        records += got
-        saved += [dict(r, model=name, source=None) for r in got if r["status"] == "same"]
-    for path in sorted(args.templates.glob("*.jinja")) if args.templates else ():
-        got = compare(args.server, loaded[0], path, f"file:{path.stem}", args.verbose)
-        records += got
-        saved += [dict(r, model=names[0], source=path.read_text()) for r in got if r["status"] == "same"]
+    loaded = {n: Model(ModelConfig(path=str(models.resolve(n)), n_ctx=256)) for n in names}
+    vocab = args.template_model or names[0]
+    if vocab not in loaded:
+        loaded[vocab] = Model(ModelConfig(path=str(models.resolve(vocab)), n_ctx=256))
+    runs = [(f"gguf:{n}", n, None) for n in names]
+    runs += [(f"file:{p.stem}", vocab, p) for p in sorted(args.templates.glob("*.jinja"))] if args.templates else []
+    records, templates = [], {}
+    for label, name, path in runs:
+        records += compare(args.server, loaded[name], path, label, args.verbose)
+        templates[label] = {"model": name, "source": path.read_text() if path else None}
     n_same = sum(r["status"] == "same" for r in records)
     n_fail = sum(r["status"] == "both fail" for r in records)
     print(f"{n_same} of {len(records)} prompts identical to llama-server's; {n_fail} fail in both; "
           f"{len(records) - n_same - n_fail} differ")
     if args.record:
-        data = {"cases": CASES, "kwargs": KWARGS, "prompts": saved}
+        prompts = [{k: r[k] for k in ("template", "case", "expected")} for r in records if r["status"] == "same"]
+        data = {"cases": CASES, "kwargs": KWARGS, "templates": templates, "prompts": prompts}
         args.record.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     return 0 if n_same + n_fail == len(records) else 1
 

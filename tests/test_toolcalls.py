@@ -1,5 +1,5 @@
 """Tool-call parsing (whole replies and streamed pieces) and tool_choice checks: pure
-code, no model."""
+code, no model; then the default target asked a weather question with a weather tool."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import json
 
 import pytest
 
+from localspec.core.chat_template import render_chat
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.drafters import NoDrafter
+from localspec.core.engine import Done, Token, generate
 from localspec.core.errors import UsageError
 from localspec.core.toolcalls import (
     HERMES,
@@ -200,3 +204,35 @@ def test_streamed_json_block_reassembles_like_the_whole_reply():
     parser = ToolCallParser(HERMES, ids(), ["get_weather"])
     deltas = [d for i in range(0, len(FENCED), 2) for d in parser.feed(FENCED[i:i + 2])] + parser.finish()
     assert assemble(deltas) == ("Here:", [{"id": "call_0", "name": "get_weather", "arguments": '{"city": "Paris"}'}])
+
+
+# ----- the default target, greedy ----------------------------------------------------------
+
+
+def _reply(model, text: str, n: int = 48) -> list[str]:
+    """Greedy pieces of the reply to the prompt `text`, as the engine streams them."""
+    prompt = model.tokenize(text, add_special=True, parse_special=True)
+    events = generate(model, prompt, NoDrafter(), sampling=SamplingConfig(temperature=0.0),
+                      spec=SpecConfig(mode="none"), gen=GenerationConfig(max_tokens=n))
+    return [ev.text for ev in events if isinstance(ev, (Token, Done))]
+
+
+@pytest.mark.slow
+def test_default_target_calls_the_weather_tool(qwen_target):
+    fmt = detect_format(qwen_target.chat_template())
+    assert fmt is HERMES
+    ask = [{"role": "user", "content": "What's the weather in Paris?"}]
+    text = render_chat(qwen_target, ask, tools=[WEATHER, CLOCK])
+    pieces = _reply(qwen_target, text)
+    whole = parse_tool_calls("".join(pieces), fmt, ["get_weather", "get_time"], new_id=ids())
+    assert [c.name for c in whole.tool_calls] == ["get_weather"], pieces
+    assert "Paris" in json.loads(whole.tool_calls[0].arguments).values()
+    parser = ToolCallParser(fmt, ids(), ["get_weather", "get_time"])
+    deltas = [d for p in pieces for d in parser.feed(p)] + parser.finish()
+    assert assemble(deltas)[1] == [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in whole.tool_calls]
+    # tool_choice names the function: the prompt ends inside a <tool_call> tag
+    prefix = resolve_tool_choice({"type": "function", "function": {"name": "get_weather"}}, [WEATHER]).prefix(fmt)
+    pieces = _reply(qwen_target, render_chat(qwen_target, ask, tools=[WEATHER]) + prefix, n=24)
+    forced = parse_tool_calls(prefix + "".join(pieces), fmt)
+    assert [c.name for c in forced.tool_calls] == ["get_weather"], pieces
+    assert "Paris" in json.loads(forced.tool_calls[0].arguments).values()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-import re
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -65,6 +65,7 @@ class Caps:
     """What a template can show, found by rendering probes (as llama.cpp's caps check)."""
 
     system_role: bool = True
+    tools: bool = False  # shows the request's tools to the model
     object_arguments: bool = False  # prints tool-call arguments as a JSON object
 
 
@@ -106,6 +107,9 @@ def _environment() -> ImmutableSandboxedEnvironment:
         extensions=[jinja2.ext.loopcontrols, _GenerationTag],
     )
     env.filters["tojson"] = _tojson
+    # no autoescaping here, so `safe` only makes Markup, and Markup + str escapes the
+    # str ("x"|safe + t|tojson gives &#34;): llama.cpp's engine has no such thing
+    env.filters["safe"] = lambda value: value
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -128,9 +132,17 @@ class ChatTemplate:
         self.caps = _probe(self)
 
     def render(self, messages: Sequence[Mapping], *, tools: Sequence[Mapping] | None = None,
-               add_generation_prompt: bool = True, **context: Any) -> str:
+               add_generation_prompt: bool = True, continue_final_message: bool | None = None,
+               **context: Any) -> str:
         """The prompt text: `messages` (OpenAI shape) and `tools` (OpenAI function tools)
-        under this template, ending with the assistant turn's opening when asked."""
+        under this template, ending with the assistant turn's opening when asked. A
+        conversation that ends with an assistant message (no tool calls) is continued:
+        the prompt ends with that text, as llama-server's prefill does (None: decide
+        so; False: close that message like any other)."""
+        if continue_final_message is None:
+            continue_final_message = _ends_with_reply(messages)
+        if continue_final_message:
+            return self._continue(messages, tools, context)
         msgs = normalize_messages(messages, self.caps, gpt_oss="<|channel|>" in self.source)
         variables = _globals(self.tokens) | context
         if tools:
@@ -144,6 +156,15 @@ class ChatTemplate:
         if self.tokens.add_eos and eos and text.endswith(eos):
             text = text[: -len(eos)]
         return text
+
+    def _continue(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None, context: dict) -> str:
+        """The earlier messages, the assistant turn's opening, then the final message's
+        text (llama.cpp: the closed render plus what the opened one adds to it)."""
+        head = list(messages[:-1])
+        closed = self.render(head, tools=tools, add_generation_prompt=False, continue_final_message=False, **context)
+        opened = self.render(head, tools=tools, add_generation_prompt=True, continue_final_message=False, **context)
+        common = len(os.path.commonprefix([closed, opened]))
+        return closed + opened[common:] + _text(messages[-1].get("content"))
 
     def _render(self, messages: list[dict], variables: dict) -> str:
         try:
@@ -162,6 +183,11 @@ def _globals(tokens: SpecialTokens) -> dict:
         "enable_thinking": True,
         "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
     }
+
+
+def _ends_with_reply(messages: Sequence[Mapping]) -> bool:
+    last = messages[-1] if messages else None
+    return isinstance(last, Mapping) and last.get("role") == "assistant" and not last.get("tool_calls")
 
 
 # ----- normalisation (llama.cpp common/chat.cpp, so prompts match llama-server's) -----
@@ -250,31 +276,66 @@ def normalize_tools(tools: Sequence[Mapping]) -> list[dict]:
 # ----- capability probes -------------------------------------------------------------
 
 _NEEDLE = "<system-needle>"
-_ARG_SEEN = re.compile(r'(?<!\\")argument_needle')  # shown, not as an escaped JSON string
+_USER = {"role": "user", "content": "User message"}
+
+
+class _Watched(dict):
+    """Tool-call arguments that note whether the template looked inside them (read a
+    key, iterated, dumped as JSON): llama.cpp passes objects to such templates."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.seen = False
+
+    def _saw(self) -> None:
+        self.seen = True
+
+    def __getitem__(self, key: Any) -> Any:
+        self._saw()
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._saw()
+        return super().get(key, default)
+
+    def items(self) -> Any:
+        self._saw()
+        return super().items()
+
+    def keys(self) -> Any:
+        self._saw()
+        return super().keys()
+
+    def values(self) -> Any:
+        self._saw()
+        return super().values()
+
+    def __iter__(self) -> Any:
+        self._saw()
+        return super().__iter__()
 
 
 def _probe(tmpl: ChatTemplate) -> Caps:
-    """Render small conversations to see whether the template shows a system message
-    and prints tool-call arguments as objects (llama.cpp decides both the same way)."""
-    system = _try(tmpl, [{"role": "system", "content": _NEEDLE}, {"role": "user", "content": "u"}])
-    user = {"role": "user", "content": "u"}
-    args = {"argument_needle": "print('Hello, World!')"}
-    as_text = _try(tmpl, [user, _call_message(json.dumps(args))])
-    as_object = _try(tmpl, [user, _call_message(args)])
-    return Caps(
-        system_role=_NEEDLE in system,
-        object_arguments=bool(_ARG_SEEN.search(as_object)) and not _ARG_SEEN.search(as_text),
-    )
+    """Render small conversations, as llama.cpp's capability check does: does the
+    template show a system message, the tools, and look inside tool-call arguments?"""
+    system = _try(tmpl, [{"role": "system", "content": _NEEDLE}, _USER])
+    tool = {"type": "function", "function": {
+        "name": "tool_needle", "description": "Tool description",
+        "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}, "required": ["arg"]}}}
+    listed = _try(tmpl, [_USER], tools=[tool])
+    args = _Watched({"arg": "value"})
+    call = {"type": "function", "id": "call00001", "function": {"name": "tool_needle", "arguments": args}}
+    rendered = _try(tmpl, [_USER, {"role": "assistant", "content": "", "tool_calls": [call]},
+                           {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+                           {"role": "assistant", "content": "The tool response was 'tool response'"}, _USER],
+                    tools=[tool])
+    return Caps(system_role=_NEEDLE in system, tools="tool_needle" in listed,
+                object_arguments=bool(rendered) and args.seen)
 
 
-def _call_message(arguments: object) -> dict:
-    call = {"type": "function", "id": "call00001", "function": {"name": "tool1", "arguments": arguments}}
-    return {"role": "assistant", "content": "", "tool_calls": [call]}
-
-
-def _try(tmpl: ChatTemplate, messages: list[dict]) -> str:
+def _try(tmpl: ChatTemplate, messages: list[dict], **variables: Any) -> str:
     try:  # raw messages: the probe is what decides how to normalise them
-        return tmpl._render(messages, _globals(tmpl.tokens))
+        return tmpl._render(messages, _globals(tmpl.tokens) | variables)
     except TemplateError:
         return ""
 
