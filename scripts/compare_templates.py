@@ -29,7 +29,12 @@ from pathlib import Path
 
 from localspec import models
 from localspec.core.backend import Model
-from localspec.core.chat_template import CHATML, ChatTemplate, TemplateError, special_tokens
+from localspec.core.chat_template import (
+    CHATML,
+    ChatTemplate,
+    TemplateError,
+    special_tokens,
+)
 from localspec.core.config import ModelConfig
 
 WEATHER = {"type": "function", "function": {

@@ -123,7 +123,9 @@ def test_malformed_call_is_left_as_content_streamed_or_not():
     whole = parse_tool_calls(text)
     assert whole.tool_calls == [] and whole.content == text
     assert assemble(stream(text, (3,))) == (text, [])
-    for bad in ('3', '[{"name": "f", "arguments": {}}]', '{"name": "f"}', '{"arguments": {}}', '{"name": 3, "arguments": {}}', '{"name": "f", "arguments": [1]}', "not json"):
+    bad_bodies = ("3", '[{"name": "f", "arguments": {}}]', '{"name": "f"}', '{"arguments": {}}',
+                  '{"name": 3, "arguments": {}}', '{"name": "f", "arguments": [1]}', "not json")
+    for bad in bad_bodies:
         reply = parse_tool_calls(f"<tool_call>{bad}</tool_call>")
         assert reply.tool_calls == [] and bad in reply.content
 
@@ -156,10 +158,10 @@ def test_format_is_detected_from_the_template():
 def test_forced_prefix_is_continued_by_the_reply():
     choice = resolve_tool_choice({"type": "function", "function": {"name": "get_weather"}}, [WEATHER, CLOCK])
     prefix = choice.prefix(HERMES)
-    assert prefix == '<tool_call>\n{"name": "get_weather", "arguments": '
+    assert prefix == '<tool_call>\n{"name": "get_weather", "arguments":'
     parser = ToolCallParser(HERMES, ids())
     assert parser.feed(prefix) == []
-    parser.feed('{"city": "Paris"}}\n</tool_call>')
+    parser.feed(' {"city": "Paris"}}\n</tool_call>')
     assert [(c.name, json.loads(c.arguments)) for c in parser.calls] == [("get_weather", {"city": "Paris"})]
     assert resolve_tool_choice("required", [WEATHER]).prefix(HERMES) == "<tool_call>\n"
     assert resolve_tool_choice("auto", [WEATHER]).prefix(HERMES) == ""
@@ -174,7 +176,8 @@ def test_tool_choice_semantics():
 
 
 @pytest.mark.parametrize("choice, tools, message", [
-    ({"type": "function", "function": {"name": "nope"}}, [WEATHER, CLOCK], "'nope', which is not among the tools (get_weather, get_time)"),
+    ({"type": "function", "function": {"name": "nope"}}, [WEATHER, CLOCK],
+     "'nope', which is not among the tools (get_weather, get_time)"),
     ("required", [], "needs tools"),
     ("sometimes", [WEATHER], "tool_choice must be"),
     ({"type": "function"}, [WEATHER], "tool_choice must be"),

@@ -72,7 +72,7 @@ class Caps:
 class _GenerationTag(jinja2.ext.Extension):
     """HF's `{% generation %}...{% endgeneration %}` marker: renders its body."""
 
-    tags = {"generation"}
+    tags = frozenset({"generation"})
 
     def parse(self, parser: jinja2.parser.Parser) -> list:
         next(parser.stream)
@@ -243,7 +243,7 @@ def _text(content: object) -> str:
 
 def _tool_call(call: Mapping, object_arguments: bool) -> dict:
     fn = call.get("function") if isinstance(call, Mapping) else None
-    if call.get("type", "function") != "function" or not isinstance(fn, Mapping) or "name" not in fn:
+    if not isinstance(fn, Mapping) or call.get("type", "function") != "function" or "name" not in fn:
         raise TemplateError(f"a tool call needs type 'function' and a function name: {call!r:.80}")
     args = fn.get("arguments", "{}")
     if object_arguments and isinstance(args, str):
@@ -264,7 +264,7 @@ def normalize_tools(tools: Sequence[Mapping]) -> list[dict]:
     out = []
     for tool in tools:
         fn = tool.get("function") if isinstance(tool, Mapping) else None
-        if tool.get("type") != "function" or not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        if not isinstance(fn, Mapping) or tool.get("type") != "function" or not isinstance(fn.get("name"), str):
             raise TemplateError(f"a tool needs type 'function' and a function name: {tool!r:.80}")
         out.append({"type": "function", "function": {
             "name": fn["name"], "description": fn.get("description") or "",
@@ -283,36 +283,20 @@ class _Watched(dict):
     """Tool-call arguments that note whether the template looked inside them (read a
     key, iterated, dumped as JSON): llama.cpp passes objects to such templates."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.seen = False
+    seen = False
 
-    def _saw(self) -> None:
+
+def _watching(name: str) -> Any:
+    method = getattr(dict, name)
+
+    def watched(self: _Watched, *args: Any) -> Any:
         self.seen = True
+        return method(self, *args)
+    return watched
 
-    def __getitem__(self, key: Any) -> Any:
-        self._saw()
-        return super().__getitem__(key)
 
-    def get(self, key: Any, default: Any = None) -> Any:
-        self._saw()
-        return super().get(key, default)
-
-    def items(self) -> Any:
-        self._saw()
-        return super().items()
-
-    def keys(self) -> Any:
-        self._saw()
-        return super().keys()
-
-    def values(self) -> Any:
-        self._saw()
-        return super().values()
-
-    def __iter__(self) -> Any:
-        self._saw()
-        return super().__iter__()
+for _name in ("__getitem__", "get", "items", "keys", "values", "__iter__"):
+    setattr(_Watched, _name, _watching(_name))
 
 
 def _probe(tmpl: ChatTemplate) -> Caps:

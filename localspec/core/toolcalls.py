@@ -82,7 +82,8 @@ class ToolFormat:
     def prefix(self, name: str | None = None) -> str:
         """Text that, ending the prompt, makes the reply a call (to `name`, or to any
         function): the opening, then for a name the call's JSON up to its arguments."""
-        named = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ' if name else ""
+        # no space after the colon: BPE spells " {" as one token, the model writes it
+        named = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":' if name else ""
         return self.opening + named
 
 
@@ -319,7 +320,8 @@ def tool_names(tools: Sequence[Mapping] | None) -> list[str]:
     for tool in tools or ():
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(fn, Mapping) or tool.get("type") != "function" or not isinstance(fn.get("name"), str):
-            raise ToolChoiceError(f'each tool must be {{"type": "function", "function": {{"name": ...}}}}, got {tool!r:.100}')
+            shape = '{"type": "function", "function": {"name": ...}}'
+            raise ToolChoiceError(f"each tool must be {shape}, got {tool!r:.100}")
         names.append(fn["name"])
     return names
 
