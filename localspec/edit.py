@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localspec.core.chat_template import render_chat
 from localspec.core.errors import UsageError
 from localspec.files import write_atomic  # noqa: F401 - the edit command writes with it
 
@@ -226,7 +227,7 @@ def build_prompt(target: Model, region: Region, name: str, n_lines: int,
     """Prompt tokens: chat template, then our opening fence as the reply's start. The
     file and the instruction are tokenized as plain text: a literal "<|im_end|>" in a
     file must not become a control token."""
-    text = target.apply_chat_template(build_messages(region, name, n_lines)) + reply_prefix(region, name)
+    text = render_chat(target, build_messages(region, name, n_lines)) + reply_prefix(region, name)
     before, rest = text.split(BODY_MARK)
     middle, after = rest.split(INSTRUCTION_MARK)
     return [

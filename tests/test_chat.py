@@ -110,11 +110,14 @@ def test_help_lists_every_command():
 class CountingRenderer:
     """Chat template and tokenizer stand-in: one token per word, plus 3 per message."""
 
+    bos = eos = -1  # no special tokens
+    add_bos = add_eos = False
+
     def __init__(self, n_ctx: int) -> None:
         self.n_ctx = n_ctx
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        return " ".join(f"<{m['role']}> {m['content']} </>" for m in messages) + " <assistant>"
+    def chat_template(self, name=None):
+        return None if name else "{% for m in messages %}<{{ m.role }}> {{ m.content }} </> {% endfor %}<assistant>"
 
     def tokenize(self, text, add_special=True, parse_special=True):
         return list(range(len(text.split())))

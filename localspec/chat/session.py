@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from localspec.core.chat_template import TemplateSource, render_chat
 from localspec.core.errors import ContextFull, UsageError
 from localspec.files import write_atomic
 
@@ -20,12 +21,11 @@ ROLES = ("system", "user", "assistant")
 MARKDOWN_EXTS = (".md", ".markdown")
 
 
-class Renderer(Protocol):
-    """What building a prompt needs from the target model."""
+class Renderer(TemplateSource, Protocol):
+    """What building a prompt needs from the target model: its chat template (rendered
+    by core.chat_template) and tokenizer."""
 
     n_ctx: int
-
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str: ...
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
 
@@ -107,7 +107,7 @@ class Conversation:
     def prompt(self, model: Renderer) -> Prompt:
         """The context window under the chat template, ending with the assistant's turn
         opening; tokens reuse the ids the model last saw where the text allows."""
-        text = model.apply_chat_template(self.chat_messages(), add_generation_prompt=True)
+        text = render_chat(model, self.chat_messages(), add_generation_prompt=True)
         return Prompt(text, self.seen.tokenize(model, text))
 
     def remember(self, prompt: Prompt, reply_text: str, reply_ids: list[int]) -> None:

@@ -332,9 +332,19 @@ class Model(PrefixCache):
 
     # ----- chat template ----------------------------------------------------------
 
-    def chat_template(self) -> str | None:
-        raw = _ll.llama_model_chat_template(self._model, None)
+    def chat_template(self, name: str | None = None) -> str | None:
+        """The GGUF's Jinja chat template (`name`: a named variant such as "tool_use")."""
+        raw = _ll.llama_model_chat_template(self._model, name.encode() if name else None)
         return raw.decode("utf-8", errors="replace") if raw else None
+
+    @property
+    def add_bos(self) -> bool:
+        """tokenize(add_special=True) prepends BOS (so a template's bos_token is dropped)."""
+        return bool(_ll.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def add_eos(self) -> bool:
+        return bool(_ll.llama_vocab_get_add_eos(self._vocab))
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """Render messages with the GGUF's template (llama.cpp's built-in renderers);

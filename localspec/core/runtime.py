@@ -11,6 +11,7 @@ from pathlib import Path
 
 from localspec import models
 from localspec.core.backend import Model, supports_gpu_offload
+from localspec.core.chat_template import render_chat
 from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
@@ -153,8 +154,9 @@ def make_drafter(
 
 
 def chat_prompt(model: Model, user: str, system: str | None = None) -> list[int]:
-    """Tokens for one user message under the model's chat template."""
+    """Tokens for one user message under the model's own chat template (the prompt
+    llama-server renders with --jinja)."""
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": user}
     ]
-    return model.tokenize(model.apply_chat_template(messages), add_special=True, parse_special=True)
+    return model.tokenize(render_chat(model, messages), add_special=True, parse_special=True)
