@@ -41,22 +41,29 @@ def open_runtime(opts: LoadOptions, *, want_draft: bool, n_seq_max: int = 1) -> 
     draft_path = None
     if want_draft and opts.draft and opts.draft.lower() != "none":
         draft_path = models.resolve(opts.draft, role="draft")
-    target = Model(ModelConfig(
-        path=str(target_path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
-        n_gpu_layers=opts.n_gpu_layers, n_seq_max=n_seq_max, verbose=opts.verbose,
-    ))
+    target = Model(model_config(opts, target_path, "target", n_seq_max))
     if draft_path is None:
         return Runtime(target)
     try:
-        draft = Model(ModelConfig(
-            path=str(draft_path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
-            n_gpu_layers=opts.n_gpu_layers_draft, verbose=opts.verbose,
-        ))
+        draft = Model(model_config(opts, draft_path, "draft"))
         check_pair(target, draft)
     except BaseException:
         target.close()
         raise
     return Runtime(target, draft)
+
+
+def model_config(opts: LoadOptions, path: object, role: str, n_seq_max: int = 1) -> ModelConfig:
+    """How to load the target or the draft. The draft joins the --rpc workers only when
+    -ngld puts a positive number of layers there: by default it stays on this machine,
+    where drafting costs no round trips. --tensor-split is the target's."""
+    draft = role == "draft"
+    ngl = opts.n_gpu_layers_draft if draft else opts.n_gpu_layers
+    return ModelConfig(
+        path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads, n_gpu_layers=ngl,
+        n_seq_max=n_seq_max, verbose=opts.verbose,
+        rpc=opts.rpc if not draft or ngl > 0 else (), tensor_split=() if draft else opts.tensor_split,
+    )
 
 
 def make_drafter(

@@ -55,6 +55,7 @@ def profile_key(target: Model, draft: Model | None = None) -> str:
     device = "gpu" if supports_gpu_offload() and target.info.n_gpu_layers else "cpu"
     parts = [_model_id(target), _model_id(draft) if draft else "-", device,
              str(target.info.n_threads), str(target.info.n_gpu_layers)]
+    parts += [f"rpc={','.join(target.info.rpc)}"] if target.info.rpc else []  # round trips cost
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
