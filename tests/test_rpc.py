@@ -12,100 +12,51 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from contextlib import closing
-from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 from test_real_models import EDIT_SOURCE, GREEDY, assert_same_greedy, plain_greedy
 
+from localspec.bench.workers import LoopbackWorkers, free_port, localspec_cmd
 from localspec.cli import cli
 from localspec.commands.options import load_options, model_options
-from localspec.core import ggml, rpc
+from localspec.core import ggml
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, ModelConfig, SpecConfig
 from localspec.core.drafters import NgramDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.runtime import chat_prompt, model_config
 
-LOCALSPEC = shutil.which("localspec")
 REQUIRED = os.environ.get("LOCALSPEC_REQUIRE_RPC") == "1"
 needs_rpc = pytest.mark.skipif(
     not ggml.supports_rpc() and not REQUIRED,
-    reason='llama-cpp-python built without RPC (CMAKE_ARGS="-DGGML_RPC=on"); LOCALSPEC_REQUIRE_RPC=1 fails instead',
+    reason='llama-cpp-python built without RPC (CMAKE_ARGS="-DGGML_RPC=on"); '
+           "LOCALSPEC_REQUIRE_RPC=1 fails instead",
 )
 SPLIT = ["-ngl", "20", "-ts", "1,1", "-t", "1"]  # 20 of SmolLM2's 31 layers on the two workers
 
 
-def _cmd(*args: str) -> list[str]:
-    return [*([LOCALSPEC] if LOCALSPEC else [sys.executable, "-m", "localspec"]), *args]
-
-
-def _free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Workers:
-    """`localspec worker` processes on loopback, each with one thread."""
-
-    def __init__(self, tmp: Path, n: int) -> None:
-        self.procs, self.endpoints = [], []
-        for i in range(n):
-            port = _free_port()
-            log = open(tmp / f"worker{i}.log", "w")  # a file: a full pipe would stall the worker
-            self.procs.append(subprocess.Popen(_cmd("worker", "--port", str(port), "-t", "1"),
-                                               stdout=log, stderr=subprocess.STDOUT))
-            log.close()
-            self.endpoints.append(f"127.0.0.1:{port}")
-        self.logs = [tmp / f"worker{i}.log" for i in range(n)]
-        deadline = time.monotonic() + 60
-        for ep, proc in zip(self.endpoints, self.procs):
-            while True:
-                assert proc.poll() is None, f"worker {ep} exited: {self.logs[0].read_text()}"
-                try:
-                    rpc.probe(ep, timeout=2)
-                    break
-                except rpc.WorkerUnreachable:
-                    assert time.monotonic() < deadline, f"worker {ep} never answered"
-                    time.sleep(0.2)
-
-    @property
-    def rpc(self) -> str:
-        return ",".join(self.endpoints)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+_cmd = localspec_cmd
+_free_port = free_port
 
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory):
-    w = Workers(tmp_path_factory.mktemp("workers"), 2)
-    yield w
-    w.stop()
+    with LoopbackWorkers(2, threads=1, log_dir=tmp_path_factory.mktemp("workers")) as w:
+        yield w
 
 
 @pytest.fixture()
 def own_workers(tmp_path):
     """Workers for a test that kills one."""
-    w = Workers(tmp_path, 2)
-    yield w
-    w.stop()
+    with LoopbackWorkers(2, threads=1, log_dir=tmp_path) as w:
+        yield w
 
 
 # ----- the build --------------------------------------------------------------------

@@ -103,6 +103,7 @@ def run_serve_bench(
         path=str(path), n_ctx=PER_SLOT_CTX * max_c, n_seq_max=max_c,
         n_threads=opts.n_threads if opts else None, n_gpu_layers=opts.n_gpu_layers if opts else -1,
         verbose=opts.verbose if opts else False,
+        rpc=opts.rpc if opts else (), tensor_split=opts.tensor_split if opts else (),
     ))
     try:
         limit, source = _spec_threshold(threshold, target)

@@ -20,6 +20,7 @@ import click
 from localspec import __version__, models
 from localspec.commands.options import LoadOptions, load_options, model_options
 from localspec.commands.ui import human_size
+from localspec.core import rpc
 from localspec.core.backend import (
     Model,
     backends,
@@ -31,7 +32,6 @@ from localspec.core.backend import (
     supports_gpu_offload,
     system_info,
 )
-from localspec.core import rpc
 from localspec.core.compat import check_pair
 from localspec.core.errors import LocalspecError, UsageError
 from localspec.core.ggml import device_info, supports_rpc

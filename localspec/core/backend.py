@@ -1,6 +1,7 @@
-"""The only module that imports llama_cpp.
+"""Models on llama.cpp (with core/ggml.py, the only modules that import llama_cpp).
 
-Loads a GGUF (with GPU offload when the build has it, and the AMX workaround on CPUs
+Loads a GGUF (with GPU offload when the build has it, layers on RPC workers when given
+--rpc, and the AMX workaround on CPUs
 where llama.cpp's AMX path crashes), tokenizes, applies the chat template, decodes
 batches asking logits only for the rows the caller needs (numpy views, no copies of
 150k-float Python lists), and rewinds the KV cache.
@@ -10,11 +11,9 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +22,13 @@ from localspec.core import rpc
 from localspec.core.config import ModelConfig
 from localspec.core.errors import BackendError, ContextFull, UsageError
 from localspec.core.ggml import (  # noqa: F401  (some re-exported: doctor, profile)
+    _ll,  # llama_cpp, imported there with a one-line error when it is missing
     backends,
+    default_threads,
     device_name,
     devices,
     ggml_build,
+    has_amx,
     init_backend,
     is_verbose,
     llama_cpp_version,
@@ -34,46 +36,10 @@ from localspec.core.ggml import (  # noqa: F401  (some re-exported: doctor, prof
     offload_handles,
     set_verbose,
     supports_gpu_offload,
+    system_info,
 )
 
-import llama_cpp as _ll  # noqa: E402  (after ggml, which reports a missing install in one line)
-
 _init_backend = init_backend
-
-
-@cache
-def system_info() -> str:
-    """llama.cpp's own feature string (CPU features, backends)."""
-    _init_backend()
-    return _ll.llama_print_system_info().decode("utf-8", errors="replace")
-
-
-@cache
-def has_amx() -> bool:
-    """AMX present: llama.cpp's AMX matmul segfaults on multi-token batches (issue #20824).
-
-    Either llama.cpp reports it (built in) or the CPU advertises it (a build that loads
-    CPU variants at run time). LOCALSPEC_EXTRA_BUFTS=1 or 0 overrides the decision.
-    """
-    forced = os.environ.get("LOCALSPEC_EXTRA_BUFTS")
-    if forced in ("0", "1"):
-        return forced == "0"
-    return "AMX_INT8 = 1" in system_info() or _cpu_flag("amx_int8")
-
-
-def _cpu_flag(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return any(line.startswith("flags") and flag in line.split() for line in f)
-    except OSError:
-        return False
-
-
-def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 4
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""llama.cpp's runtime below the model: the library handle, its log, ggml devices and
-the ggml RPC backend. The second module that touches llama_cpp (backend.py loads and
-runs models; this one holds what llama-cpp-python does not bind).
+"""llama.cpp's runtime below the model: the library handle and its log, system and CPU
+facts (AMX), ggml devices, and the ggml RPC backend. The second module that touches
+llama_cpp (backend.py loads and runs models; this one holds what llama-cpp-python does
+not bind).
 
 llama-cpp-python 0.3.36 binds no ggml_backend_* function: they are read through
 libllama's handle (dlsym on it also finds the ggml libraries it links). The RPC entry
@@ -11,6 +12,7 @@ its proc addresses, so a build that loads backends at run time works too.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -51,6 +53,41 @@ def init_backend() -> None:
 
 def llama_cpp_version() -> str:
     return getattr(_ll, "__version__", "unknown")
+
+
+@cache
+def system_info() -> str:
+    """llama.cpp's own feature string (CPU features, backends)."""
+    init_backend()
+    return _ll.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+@cache
+def has_amx() -> bool:
+    """AMX present: llama.cpp's AMX matmul segfaults on multi-token batches (issue #20824).
+
+    Either llama.cpp reports it (built in) or the CPU advertises it (a build that loads
+    CPU variants at run time). LOCALSPEC_EXTRA_BUFTS=1 or 0 overrides the decision.
+    """
+    forced = os.environ.get("LOCALSPEC_EXTRA_BUFTS")
+    if forced in ("0", "1"):
+        return forced == "0"
+    return "AMX_INT8 = 1" in system_info() or _cpu_flag("amx_int8")
+
+
+def _cpu_flag(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 4
 
 
 # ----- ggml through libllama's handle --------------------------------------------

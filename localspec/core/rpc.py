@@ -127,10 +127,6 @@ def attach(endpoints: Sequence[str]) -> list[int]:
         return [d for ep in endpoints for d in _attached[ep]]
 
 
-def attached() -> tuple[str, ...]:
-    return tuple(_attached)
-
-
 def _on_abort(message: str) -> None:
     """ggml aborts the process on a lost worker (no error path back to us): say so in one
     line and exit 1. Other aborts print ggml's message and abort as before."""
