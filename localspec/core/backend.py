@@ -63,7 +63,7 @@ def _placement(cfg: ModelConfig, mparams: object) -> tuple[int, tuple[str, ...],
     names = tuple(device_name(d) for d in devs)
     if len(cfg.tensor_split) > len(devs):
         raise UsageError(
-            f"--tensor-split gives {len(cfg.tensor_split)} shares, but {len(devs)} devices take "
+            f"--tensor-split has {len(cfg.tensor_split)} entries, but {len(devs)} devices take "
             f"offloaded layers here ({', '.join(names) or 'none: no GPU and no --rpc'})")
     n_gpu = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else (999 if devs else 0)
     mparams.n_gpu_layers = n_gpu
