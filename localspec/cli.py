@@ -13,7 +13,8 @@ import click
 from localspec import __version__
 from localspec.core.errors import LocalspecError
 
-COMMANDS = ("run", "edit", "chat", "serve", "bench", "tune", "stats", "models", "pull", "doctor")
+COMMANDS = ("run", "edit", "chat", "serve", "bench", "tune", "stats", "models", "pull", "doctor",
+            "worker")
 
 
 class _Failure(click.ClickException):

@@ -18,7 +18,12 @@ import pytest
 
 from localspec.core import backend
 from localspec.core.backend import Model, has_amx
-from localspec.core.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.config import (
+    GenerationConfig,
+    ModelConfig,
+    SamplingConfig,
+    SpecConfig,
+)
 from localspec.core.drafters import NgramDrafter, NoDrafter
 from localspec.core.drafters.model import ModelDrafter
 from localspec.core.engine import collect, generate

@@ -23,13 +23,25 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 from localspec.core.backend import Model
-from localspec.core.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.config import (
+    GenerationConfig,
+    ModelConfig,
+    SamplingConfig,
+    SpecConfig,
+)
 from localspec.core.drafters import NgramDrafter
 from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import BackendError
 from localspec.serve.app import ServeSettings, create_app
-from localspec.serve.scheduler import Failed, Finished, Job, Scheduler, SchedulerConfig, Text
+from localspec.serve.scheduler import (
+    Failed,
+    Finished,
+    Job,
+    Scheduler,
+    SchedulerConfig,
+    Text,
+)
 
 MAX_SLOTS = 8
 PROMPTS = [

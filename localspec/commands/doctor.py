@@ -2,7 +2,8 @@
 
 Without models it reports the build: llama-cpp-python and ggml versions, whether GPU
 offload is compiled in, the ggml backends and devices, CPU features, whether the AMX
-workaround is in effect, threads and the offload defaults. With --model/--draft it
+workaround is in effect, threads, the offload defaults and RPC support (with --rpc,
+whether each worker answers and its devices' memory). With --model/--draft it
 loads them as `run` would (same -ngl/-ngld/-t/-c) and reports how many layers
 llama.cpp puts on which device, and whether the pair can speculate together.
 """
@@ -19,6 +20,7 @@ import click
 from localspec import __version__
 from localspec.commands.options import load_options, model_options
 from localspec.commands.ui import human_size
+from localspec.core import rpc
 from localspec.core.backend import (
     Model,
     backends,
@@ -32,7 +34,8 @@ from localspec.core.backend import (
 )
 from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions
-from localspec.core.errors import LocalspecError
+from localspec.core.errors import LocalspecError, UsageError
+from localspec.core.ggml import device_info, supports_rpc
 from localspec.core.runtime import load_model
 
 _GIB = 1024**3
@@ -131,7 +134,7 @@ def load_models(opts: LoadOptions, offload_to: list[dict]) -> tuple[list[dict], 
     try:
         for role, _, ngl in wanted:
             loaded[role] = load_model(opts, role)
-            reports.append(model_report(loaded[role], role, ngl, offload_to))
+            reports.append(model_report(loaded[role], role, ngl, _offload_of(loaded[role], offload_to)))
         if len(loaded) == 2:
             try:
                 check_pair(loaded["target"], loaded["draft"])
@@ -142,6 +145,28 @@ def load_models(opts: LoadOptions, offload_to: list[dict]) -> tuple[list[dict], 
         for m in loaded.values():
             m.close()
     return reports, pair, placement_warnings(reports)
+
+
+def _offload_of(model: Model, local: list[dict]) -> list[dict]:
+    """The devices a model's offloaded layers went to: with --rpc, the workers' first."""
+    return [{"name": n} for n in model.info.offload] if model.info.rpc else local
+
+
+def rpc_report(endpoints: tuple[str, ...]) -> dict:
+    """RPC support in this build and, for each --rpc worker, whether it answers and what
+    it offers (ggml names a worker's devices RPC0, RPC1, ... in the order attached)."""
+    supported = supports_rpc()
+    if endpoints and not supported:
+        raise UsageError(rpc.REBUILD)
+    workers = []
+    for ep in endpoints:
+        try:
+            version = rpc.probe(ep)
+            devs = [device_info(d) for d in rpc.attach([ep])]
+            workers.append({"endpoint": ep, "reachable": True, "protocol": version, "devices": devs})
+        except LocalspecError as exc:
+            workers.append({"endpoint": ep, "reachable": False, "error": str(exc)})
+    return {"supported": supported, "workers": workers}
 
 
 def placement_warnings(reports: list[dict]) -> list[str]:
@@ -161,15 +186,21 @@ def placement_warnings(reports: list[dict]) -> list[str]:
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool, **kw) -> None:
     """Show what this llama.cpp build supports (GPU offload, backends, devices, CPU
-    features, the AMX workaround) and, with --model/--draft, where each model's layers go.
+    features, the AMX workaround, RPC) and, with --model/--draft, where each model's
+    layers go; with --rpc, whether each worker answers.
 
     \b
       localspec doctor
+      localspec doctor --rpc 192.168.1.20:50052 -m qwen2.5-coder-1.5b -ngl 99
       localspec doctor -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --json
     """
     opts = load_options(kw, bool((ctx.obj or {}).get("verbose")))
     report = system_report(opts.n_threads)
-    if opts.model or opts.draft:
+    report["rpc"] = rpc_report(opts.rpc)
+    unreachable = [w["endpoint"] for w in report["rpc"]["workers"] if not w["reachable"]]
+    if unreachable and (opts.model or opts.draft):
+        report["warnings"] = [f"models not loaded: RPC worker {', '.join(unreachable)} unreachable"]
+    elif opts.model or opts.draft:
         offload_to = [d for d in report["devices"] if d["name"] in report["offload_devices"]]
         report["models"], report["pair"], report["warnings"] = load_models(opts, offload_to)
         report["devices"] = devices()  # free memory now that the models are loaded
@@ -211,6 +242,7 @@ def print_report(r: dict) -> None:
     _row("threads", f"{threads['requested'] or threads['default']}"
                     f"{'' if threads['requested'] else ' (all cores available; -t to change)'}")
     _row("offload default", f"-ngl/-ngld -1 = {r['offload_default']}")
+    print_rpc(r["rpc"])
     _row("system info", r["system_info"])
     for m in r.get("models", []):
         click.echo()
@@ -228,6 +260,21 @@ def print_report(r: dict) -> None:
         _row("pair", "compatible" if p["compatible"] else f"INCOMPATIBLE: {p['error']}")
     for w in r.get("warnings", []):
         click.echo(f"warning: {w}", err=True)
+
+
+def print_rpc(r: dict) -> None:
+    if r["supported"]:
+        _row("RPC", "yes: `localspec worker` serves this machine, --rpc HOST:PORT uses workers")
+    else:
+        _row("RPC", f"no ({rpc.REBUILD})")
+    for i, w in enumerate(r["workers"]):
+        if w["reachable"]:
+            devs = "; ".join(f"{d['name']}, {_mem(d['memory_free'])} free of {_mem(d['memory_total'])}"
+                             for d in w["devices"])
+            line = f"{w['endpoint']}: {devs} (protocol {w['protocol']})"
+        else:
+            line = f"{w['endpoint']}: UNREACHABLE: {w['error']}"
+        _row("RPC workers" if i == 0 else "", line)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,6 +5,8 @@ Flags follow llama.cpp's spelling; the newer `--spec-draft-n-*` names are aliase
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 
 import click
@@ -49,6 +51,46 @@ def model_options(default_draft: bool = False, auto_draft: bool = False) -> Call
                      help="target layers on the GPU (-1: all when the build can offload)"),
         click.option("-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "n_gpu_layers_draft",
                      type=int, default=-1, help="draft model layers on the GPU (-1: all)"),
+        *rpc_options(),
+    )
+
+
+# ----- several machines: ggml RPC workers (llama.cpp's --rpc and --tensor-split) -----
+
+
+def _parse_rpc(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    from localspec.core.rpc import parse_endpoints
+
+    try:
+        return parse_endpoints(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _parse_split(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, ...]:
+    if not value:
+        return ()
+    try:  # llama.cpp splits on ',' and '/'
+        shares = tuple(float(x) for x in re.split(r"[,/]+", value.strip(",/")))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a list of numbers (e.g. 3,1)") from None
+    if any(not math.isfinite(x) or x < 0 for x in shares) or not any(shares):
+        raise click.BadParameter("shares are numbers >= 0, at least one of them > 0")
+    return shares
+
+
+def rpc_options() -> tuple[Callable, ...]:
+    return (
+        click.option("--rpc", "rpc", metavar="HOST:PORT[,...]", envvar="LOCALSPEC_RPC", default=None,
+                     callback=_parse_rpc,
+                     help="ggml RPC workers (`localspec worker` on other machines): their devices "
+                          "take the target's offloaded layers (-ngl), and the draft's with -ngld > 0"),
+        click.option("-ts", "--tensor-split", "tensor_split", metavar="N0,N1,...", default=None,
+                     callback=_parse_split,
+                     help="share of the offloaded layers per device: the --rpc workers in order, "
+                          "then local GPUs (e.g. 3,1) [default: by free memory]"),
     )
 
 
@@ -108,6 +150,7 @@ def load_options(kw: dict, verbose: bool = False) -> LoadOptions:
         model=kw.pop("model"), draft=kw.pop("draft"), n_ctx=kw.pop("n_ctx"),
         n_threads=kw.pop("n_threads"), n_gpu_layers=kw.pop("n_gpu_layers"),
         n_gpu_layers_draft=kw.pop("n_gpu_layers_draft"), verbose=verbose,
+        rpc=kw.pop("rpc"), tensor_split=kw.pop("tensor_split"),
     )
 
 

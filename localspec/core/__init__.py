@@ -3,7 +3,9 @@ or HTTP.
 
     config.py     frozen dataclasses: ModelConfig, SamplingConfig, SpecConfig, GenerationConfig
     errors.py     LocalspecError tree (UsageError and subclasses exit 2, the rest exit 1)
-    backend.py    THE ONLY llama_cpp importer: load, tokenize, decode, rewind, KV sequences
+    backend.py    models (llama_cpp importer): load, tokenize, decode, rewind, KV sequences
+    ggml.py       the other llama_cpp importer: log, ggml devices, the RPC backend (ctypes)
+    rpc.py        RPC workers: endpoints, bounded probe, attach, serve, lost worker -> exit 1
     sampling.py   numpy: logits -> probs, greedy and lossless stochastic accept rules
     drafters/     the Drafter protocol and none / ngram / model / hybrid / auto
     engine.py     the speculative round (Generation: plan -> decode -> accept), and

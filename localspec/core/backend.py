@@ -1,6 +1,7 @@
-"""The only module that imports llama_cpp.
+"""Models on llama.cpp (with core/ggml.py, the only modules that import llama_cpp).
 
-Loads a GGUF (with GPU offload when the build has it, and the AMX workaround on CPUs
+Loads a GGUF (with GPU offload when the build has it, layers on RPC workers when given
+--rpc, and the AMX workaround on CPUs
 where llama.cpp's AMX path crashes), tokenizes, applies the chat template, decodes
 batches asking logits only for the rows the caller needs (numpy views, no copies of
 150k-float Python lists), and rewinds the KV cache.
@@ -10,148 +11,35 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import os
-import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 
+from localspec.core import rpc
 from localspec.core.config import ModelConfig
-from localspec.core.errors import BackendError, ContextFull
+from localspec.core.errors import BackendError, ContextFull, UsageError
+from localspec.core.ggml import (  # noqa: F401  (some re-exported: doctor, profile)
+    _ll,  # llama_cpp, imported there with a one-line error when it is missing
+    backends,
+    default_threads,
+    device_name,
+    devices,
+    ggml_build,
+    has_amx,
+    init_backend,
+    is_verbose,
+    llama_cpp_version,
+    max_devices,
+    offload_handles,
+    set_verbose,
+    supports_gpu_offload,
+    system_info,
+)
 
-try:
-    import llama_cpp as _ll
-except ImportError as exc:  # pragma: no cover - install problem, reported once
-    raise BackendError(
-        "llama-cpp-python is not installed; run: pip install 'llama-cpp-python>=0.3.36,<0.3.37'"
-    ) from exc
-
-_log_lock = threading.Lock()
-_log_verbose = False
-
-
-@_ll.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp logs hundreds of lines while loading: silent unless -v
-    if _log_verbose and text:
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
-
-
-def set_verbose(verbose: bool) -> None:
-    global _log_verbose
-    _log_verbose = verbose
-
-
-@cache
-def _init_backend() -> None:
-    _ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
-    _ll.llama_backend_init()
-
-
-@cache
-def system_info() -> str:
-    """llama.cpp's own feature string (CPU features, backends)."""
-    _init_backend()
-    return _ll.llama_print_system_info().decode("utf-8", errors="replace")
-
-
-@cache
-def has_amx() -> bool:
-    """AMX present: llama.cpp's AMX matmul segfaults on multi-token batches (issue #20824).
-
-    Either llama.cpp reports it (built in) or the CPU advertises it (a build that loads
-    CPU variants at run time). LOCALSPEC_EXTRA_BUFTS=1 or 0 overrides the decision.
-    """
-    forced = os.environ.get("LOCALSPEC_EXTRA_BUFTS")
-    if forced in ("0", "1"):
-        return forced == "0"
-    return "AMX_INT8 = 1" in system_info() or _cpu_flag("amx_int8")
-
-
-def _cpu_flag(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return any(line.startswith("flags") and flag in line.split() for line in f)
-    except OSError:
-        return False
-
-
-def supports_gpu_offload() -> bool:
-    """A GPU (or integrated GPU) device is present to offload layers to. Not
-    llama_supports_gpu_offload(): that is also true for a CPU build with RPC compiled in,
-    where -ngl would then place every layer on devices that do not exist."""
-    return any(d["type"] in ("gpu", "igpu") for d in devices())
-
-
-# ----- ggml facts llama-cpp-python does not bind (0.3.36 binds no ggml_backend_*) -----
-# read through libllama's handle: dlsym on it also finds the ggml libraries it links
-
-_DEV_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}  # enum ggml_backend_dev_type
-
-
-def _ggml_fn(name: str, restype: object, *argtypes: object):
-    _init_backend()
-    f = getattr(_ll.llama_cpp._lib, name)
-    f.restype, f.argtypes = restype, list(argtypes)
-    return f
-
-
-def ggml_build() -> dict:
-    """ggml's version and the llama.cpp commit it was built from."""
-    out = {}
-    for key in ("version", "commit"):
-        try:
-            out[key] = _ggml_fn(f"ggml_{key}", ctypes.c_char_p)().decode()
-        except (AttributeError, OSError):
-            out[key] = "unknown"
-    return out
-
-
-def devices() -> list[dict]:
-    """Every ggml device: name, description, type (cpu/gpu/igpu/accel), backend, memory."""
-    vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    get = _ggml_fn("ggml_backend_dev_get", vp, sz)
-    name = _ggml_fn("ggml_backend_dev_name", ctypes.c_char_p, vp)
-    desc = _ggml_fn("ggml_backend_dev_description", ctypes.c_char_p, vp)
-    kind = _ggml_fn("ggml_backend_dev_type", ctypes.c_int, vp)
-    memory = _ggml_fn("ggml_backend_dev_memory", None, vp, ctypes.POINTER(sz), ctypes.POINTER(sz))
-    reg_of = _ggml_fn("ggml_backend_dev_backend_reg", vp, vp)
-    reg_name = _ggml_fn("ggml_backend_reg_name", ctypes.c_char_p, vp)
-    out = []
-    for i in range(_ggml_fn("ggml_backend_dev_count", sz)()):
-        dev = get(i)
-        free, total = sz(0), sz(0)
-        memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append({
-            "name": name(dev).decode(), "description": (desc(dev) or b"").decode(),
-            "type": _DEV_TYPES.get(kind(dev), "unknown"), "backend": reg_name(reg_of(dev)).decode(),
-            "memory_free": free.value, "memory_total": total.value,
-        })
-    return out
-
-
-def backends() -> list[str]:
-    """Registered ggml backends (CPU, CUDA, Metal, BLAS, RPC, ...)."""
-    vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    get = _ggml_fn("ggml_backend_reg_get", vp, sz)
-    name = _ggml_fn("ggml_backend_reg_name", ctypes.c_char_p, vp)
-    return [name(get(i)).decode() for i in range(_ggml_fn("ggml_backend_reg_count", sz)())]
-
-
-def llama_cpp_version() -> str:
-    return getattr(_ll, "__version__", "unknown")
-
-
-def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 4
+_init_backend = init_backend
 
 
 @dataclass(frozen=True)
@@ -161,6 +49,34 @@ class LoadInfo:
     n_gpu_layers: int
     amx_workaround: bool
     n_threads: int
+    offload: tuple[str, ...] = ()  # devices offloaded layers go to, in order (RPC0, CUDA0, ...)
+    rpc: tuple[str, ...] = ()  # the --rpc workers (HOST:PORT) among them
+
+
+def _placement(cfg: ModelConfig, mparams: object) -> tuple[int, tuple[str, ...], list]:
+    """Where the layers go: -ngl of them on the offload devices (the --rpc workers'
+    first, as llama.cpp orders them, then local GPUs), shared out by --tensor-split; the
+    rest on the CPU. Sets mparams; returns (n_gpu_layers, device names, the ctypes arrays
+    to keep alive through the load)."""
+    remote = rpc.attach(cfg.rpc) if cfg.rpc else []
+    devs = [*remote, *offload_handles()]
+    names = tuple(device_name(d) for d in devs)
+    if len(cfg.tensor_split) > len(devs):
+        raise UsageError(
+            f"--tensor-split has {len(cfg.tensor_split)} entries, but {len(devs)} devices take "
+            f"offloaded layers here ({', '.join(names) or 'none: no GPU and no --rpc'})")
+    n_gpu = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else (999 if devs else 0)
+    mparams.n_gpu_layers = n_gpu
+    keep: list = []
+    if remote:  # workers are not registered ggml devices: llama.cpp gets the list itself
+        arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+        mparams.devices = ctypes.cast(arr, ctypes.c_void_p)
+        keep.append(arr)
+    if cfg.tensor_split:
+        split = (ctypes.c_float * max_devices())(*cfg.tensor_split)
+        mparams.tensor_split = split
+        keep.append(split)
+    return n_gpu, names if n_gpu else (), keep
 
 
 class Detokenizer:
@@ -213,15 +129,12 @@ class Model(PrefixCache):
 
     def __init__(self, cfg: ModelConfig) -> None:
         _init_backend()
-        set_verbose(cfg.verbose or _log_verbose)
+        set_verbose(cfg.verbose or is_verbose())
         self.cfg = cfg
         self.path = Path(cfg.path)
         self.name = self.path.name
         mparams = _ll.llama_model_default_params()
-        n_gpu = cfg.n_gpu_layers
-        if n_gpu < 0:
-            n_gpu = 999 if supports_gpu_offload() else 0
-        mparams.n_gpu_layers = n_gpu
+        n_gpu, offload, keep_alive = _placement(cfg, mparams)
         amx = has_amx()
         if amx:
             # extra buffer types = AMX repacking, the path that crashes on batches
@@ -229,6 +142,7 @@ class Model(PrefixCache):
         self._model = _ll.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise BackendError(f"llama.cpp could not load {self.path} (not a valid GGUF?)")
+        del keep_alive  # the device list and split are read during the load only
         self._vocab = _ll.llama_model_get_vocab(self._model)
         n_threads = cfg.n_threads or default_threads()
         cparams = _ll.llama_context_default_params()
@@ -255,7 +169,8 @@ class Model(PrefixCache):
         self._nseq[:] = 1
         for i in range(self.n_batch):
             self._batch.seq_id[i][0] = 0
-        self.info = LoadInfo(n_gpu_layers=n_gpu, amx_workaround=amx, n_threads=n_threads)
+        self.info = LoadInfo(n_gpu_layers=n_gpu, amx_workaround=amx, n_threads=n_threads,
+                             offload=offload, rpc=cfg.rpc)
         self._seqs: dict[int, list[int]] = {0: []}
         self.cached: list[int] = self._seqs[0]  # sequence 0, used by decode()/prefill()
         self.llama_s = 0.0  # time spent inside llama_decode, for overhead accounting

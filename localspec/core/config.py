@@ -17,6 +17,8 @@ class ModelConfig:
     n_gpu_layers: int = -1  # -1: all layers when the build can offload, else 0
     n_seq_max: int = 1
     verbose: bool = False
+    rpc: tuple[str, ...] = ()  # ggml RPC workers (HOST:PORT) whose devices take offloaded layers
+    tensor_split: tuple[float, ...] = ()  # share of offloaded layers per device (workers first)
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class LoadOptions:
     n_gpu_layers: int
     n_gpu_layers_draft: int
     verbose: bool = False
+    rpc: tuple[str, ...] = ()  # --rpc HOST:PORT workers, whose devices take layers
+    tensor_split: tuple[float, ...] = ()  # --tensor-split: the target's share per device
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,14 @@ from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Draft, Drafter
 from localspec.core.errors import ContextFull
-from localspec.core.events import Done, Event, GenerationStats, Round, Token, count_round
+from localspec.core.events import (
+    Done,
+    Event,
+    GenerationStats,
+    Round,
+    Token,
+    count_round,
+)
 from localspec.core.sampling import (
     accept_greedy,
     accept_stochastic,

@@ -70,20 +70,28 @@ def load_model(opts: LoadOptions, role: str, path: str | Path | None = None, *,
     """Load one model, the target or the draft (`role`: which name in `opts` to resolve
     when no `path` is given, and which GPU layers), with the context and threads of
     `opts`; no pair check."""
-    name, n_gpu_layers = ((opts.model, opts.n_gpu_layers) if role == "target"
-                          else (opts.draft, opts.n_gpu_layers_draft))
-    path = path or models.resolve(name, role=role)
-    return Model(ModelConfig(
-        path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads, n_gpu_layers=n_gpu_layers,
+    path = path or models.resolve(opts.model if role == "target" else opts.draft, role=role)
+    return Model(model_config(opts, path, role, n_seq_max))
+
+
+def model_config(opts: LoadOptions, path: object, role: str, n_seq_max: int = 1) -> ModelConfig:
+    """How to load the target or the draft. The draft joins the --rpc workers only when
+    -ngld puts a positive number of layers there: by default it stays on this machine,
+    where drafting costs no round trips. --tensor-split is the target's."""
+    draft = role == "draft"
+    ngl = opts.n_gpu_layers_draft if draft else opts.n_gpu_layers
+    return ModelConfig(
+        path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads, n_gpu_layers=ngl,
         n_seq_max=n_seq_max, verbose=opts.verbose,
-    ))
+        rpc=opts.rpc if not draft or ngl > 0 else (), tensor_split=() if draft else opts.tensor_split,
+    )
 
 
 def setup_of(target: Model, draft: Model | None = None) -> Setup:
     """The calibration setup of loaded models: what their profile is keyed by."""
     device = "gpu" if supports_gpu_offload() and target.info.n_gpu_layers else "cpu"
     return Setup(model_id(target.path), model_id(draft.path) if draft else None, device,
-                 target.info.n_threads, target.info.n_gpu_layers)
+                 target.info.n_threads, target.info.n_gpu_layers, tuple(target.info.rpc))
 
 
 def find_profile(target: Model, draft: Model | None = None) -> Profile | None:

@@ -63,10 +63,12 @@ class Setup:
     device: str
     n_threads: int
     n_gpu_layers: int
+    rpc: tuple[str, ...] = ()  # --rpc workers: round trips change every cost
 
     @property
     def key(self) -> str:
         parts = [self.target, self.draft or "-", self.device, str(self.n_threads), str(self.n_gpu_layers)]
+        parts += [f"rpc={','.join(self.rpc)}"] if self.rpc else []
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
     def alone(self) -> Setup:
