@@ -32,7 +32,7 @@ from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, ModelConfig, SpecConfig
 from localspec.core.drafters import NgramDrafter
 from localspec.core.engine import collect, generate
-from localspec.core.runtime import chat_prompt, model_config
+from localspec.core.runtime import model_config
 
 REQUIRED = os.environ.get("LOCALSPEC_REQUIRE_RPC") == "1"
 needs_rpc = pytest.mark.skipif(
@@ -176,7 +176,8 @@ def test_split_model_gives_the_local_greedy_output(workers, smol_path):
                               rpc=tuple(workers.endpoints), tensor_split=(1.0, 1.0)))
     try:
         assert len(split.info.offload) == 2 and all(d.startswith("RPC") for d in split.info.offload)
-        prompt = chat_prompt(local, "Repeat this code exactly:\n\n" + EDIT_SOURCE)
+        # raw text whose continuation runs past 80 tokens (a chat reply may end sooner)
+        prompt = local.tokenize("# prices.py, printed twice\n\n" + EDIT_SOURCE + "\n\n# prices.py again\n\n")
         reference, margins = plain_greedy(local, prompt, 80)
         plain, _ = plain_greedy(split, prompt, 80)
         assert len(reference) == 80
