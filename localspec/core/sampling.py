@@ -51,6 +51,18 @@ def probs_from_logits(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     return out
 
 
+def logprobs(logits: np.ndarray, token: int, n_top: int = 0) -> tuple[float, list[tuple[int, float]]]:
+    """log p(token) under the raw distribution softmax(logits) (no temperature or
+    truncation), and the `n_top` most likely (id, log p), highest first."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())  # log of the softmax's denominator
+    n_top = min(n_top, len(x))
+    ids = np.argpartition(-x, n_top - 1)[:n_top] if n_top > 0 else np.empty(0, dtype=np.int64)
+    ids = ids[np.lexsort((ids, -x[ids]))]  # by logit, then id: ties in a stable order
+    return float(x[token] - lse), [(int(i), float(x[i] - lse)) for i in ids]
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one id from a dense probability vector (sparse-aware: draws over the support)."""
     support = np.flatnonzero(probs)
