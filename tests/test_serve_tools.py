@@ -104,6 +104,9 @@ def test_completion_logprobs_legacy_shape_streamed_or_not(smol):
               if ch.choices and ch.choices[0].logprobs]
     for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
         assert [x for ch in chunks for x in getattr(ch, field)] == getattr(lp, field), field
+    # logprobs 0: no alternatives, but the chosen token is always there (OpenAI's rule)
+    none = _legacy(smol[0], prompt, 4, 0).choices[0].logprobs
+    assert none.top_logprobs == [{t: v} for t, v in zip(lp.tokens[:4], lp.token_logprobs[:4])]
 
 
 def test_logprobs_are_the_same_with_and_without_speculation(smol):
@@ -135,6 +138,82 @@ def test_bad_logprobs_are_400(smol, path, extra, param):
     body = {"model": "m", **({"messages": CHAT} if path == "chat" else {"prompt": "hi"}), **extra}
     route = "/v1/chat/completions" if path == "chat" else "/v1/completions"
     _error(http(smol[0], key=None).post(route, json=body), param)
+
+
+# ----- tools: the reply, whole or streamed (no model) ------------------------------------
+
+TWO_CALLS = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
+def _reply(body: dict, prefix: str = ""):
+    from localspec.core.toolcalls import HERMES
+    from localspec.serve.protocol import parse_chat
+    from localspec.serve.reply import Reply
+    from localspec.serve.tools import ToolPlan
+
+    req = parse_chat({"model": "m", "messages": ASK, "tools": [WEATHER, CLOCK], **body})
+    plan = ToolPlan(HERMES, ("get_weather", "get_time"), prefix, req.parallel_tool_calls)
+    return Reply(req, "chatcmpl-1", 0, "m", None, plan, "")
+
+
+def _stream_chunks(reply, text: str, size: int, stop: str = "eos") -> tuple[str, list[dict], list]:
+    from localspec.core.events import GenerationStats
+
+    chunks = reply.opening()
+    for i in range(0, len(text), size):
+        chunks += reply.piece(text[i:i + size], ())
+    chunks += reply.closing("", GenerationStats(stop_reason=stop))
+    content, calls = "", {}
+    for ch in chunks:
+        delta = ch["choices"][0]["delta"]
+        content += delta.get("content") or ""
+        for d in delta.get("tool_calls", ()):
+            call = calls.setdefault(d["index"], {"name": "", "arguments": ""})
+            call["id"] = d.get("id") or call.get("id")
+            call["name"] += d["function"].get("name", "")
+            call["arguments"] += d["function"]["arguments"]
+    return content, [calls[i] for i in sorted(calls)], [ch["choices"][0]["finish_reason"] for ch in chunks]
+
+
+def _whole(reply, text: str, stop: str = "eos") -> dict:
+    from localspec.core.events import GenerationStats
+
+    reply.add(text, ())
+    return reply.body("", GenerationStats(stop_reason=stop))["choices"][0]
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 13, 1000])
+def test_streamed_tool_calls_reassemble_to_the_whole_reply(size):
+    whole = _whole(_reply({}), TWO_CALLS)
+    msg = whole["message"]
+    assert whole["finish_reason"] == "tool_calls" and msg["content"] == "Let me check."
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]]
+    assert calls == [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    content, streamed, reasons = _stream_chunks(_reply({}), TWO_CALLS, size)
+    assert content == msg["content"] and reasons[-1] == "tool_calls" and reasons[:-1] == [None] * (len(reasons) - 1)
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == calls
+    assert all(c["id"].startswith("call_") for c in streamed) and len({c["id"] for c in streamed}) == 2
+    # parallel_tool_calls false: the first call only, streamed or not
+    one = _whole(_reply({"parallel_tool_calls": False}), TWO_CALLS)["message"]["tool_calls"]
+    _, first, _ = _stream_chunks(_reply({"parallel_tool_calls": False}), TWO_CALLS, size)
+    assert [c["function"]["name"] for c in one] == [c["name"] for c in first] == ["get_weather"]
+
+
+def test_forced_prefix_is_read_as_the_start_of_the_reply_and_a_cut_call_is_content():
+    prefix = '<tool_call>\n{"name": "get_weather", "arguments":'
+    rest = ' {"city": "Paris"}}\n</tool_call>'
+    whole = _whole(_reply({}, prefix), rest)
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
+    assert json.loads(whole["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+    _, calls, _ = _stream_chunks(_reply({}, prefix), rest, 3)
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"})]
+    # max_tokens inside the call: no call, the text (prefix included) is content, "length"
+    cut = _whole(_reply({}, prefix), ' {"city": "Pa', stop="length")
+    assert cut["finish_reason"] == "length" and "tool_calls" not in cut["message"]
+    assert cut["message"]["content"] == prefix + ' {"city": "Pa'
+    content, calls, reasons = _stream_chunks(_reply({}, prefix), ' {"city": "Pa', 2, stop="length")
+    assert (content, calls, reasons[-1]) == (cut["message"]["content"], [], "length")
 
 
 # ----- tools: bad input -----------------------------------------------------------------
