@@ -4,11 +4,11 @@ back out of the reply.
 
 tool_choice `none` shows the tools (as llama-server does) but reads no calls; `auto`
 lets the model decide; `required` and a named function are forced by ending the prompt
-inside a call: the format's opening (Qwen: `<tool_call>`), plus `{"name": NAME,
-"arguments":` for a name. The model can only continue it, and the parser reads the
-reply as that prefix's continuation. There is no grammar behind it: a model can still
-write a call that does not parse (or run out of max_tokens inside one), which then
-comes back as content, as every unparsable call does.
+inside a call: the format's opening (Qwen: `<tool_call>`), then `{"name": "` (the model
+names the function) or `{"name": NAME, "arguments":`. The model can only continue it,
+and the parser reads the reply as that prefix's continuation. There is no grammar behind
+it: a model can still write a call that does not parse (or run out of max_tokens inside
+one), which then comes back as content, prefix included, as every unparsable call does.
 """
 
 from __future__ import annotations
