@@ -73,7 +73,7 @@ class GenRequest:
     ignore_eos: bool = False
     prediction: str | None = None  # chat: predicted output, a second n-gram draft source
     tools: list[dict] = field(default_factory=list)  # chat: OpenAI function tools
-    tool_choice: ToolChoice = ToolChoice("none")  # resolved against the tools
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))  # resolved against the tools
     parallel_tool_calls: bool = True
     logprobs: int | None = None  # per-token logprobs with this many alternatives; None: off
 

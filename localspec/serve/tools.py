@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 from localspec.core.backend import Model
 from localspec.core.chat_template import TemplateError, render_chat, template_for
-from localspec.core.toolcalls import ToolCallParser, ToolFormat, detect_format, tool_names
+from localspec.core.toolcalls import (
+    ToolCallParser,
+    ToolFormat,
+    detect_format,
+    tool_names,
+)
 from localspec.serve.protocol import GenRequest, bad_request
 
 
