@@ -7,6 +7,7 @@ applied to the target (p) and the draft (q), which is what keeps speculation los
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,13 +55,12 @@ def probs_from_logits(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
 def logprobs(logits: np.ndarray, token: int, n_top: int = 0) -> tuple[float, list[tuple[int, float]]]:
     """log p(token) under the raw distribution softmax(logits) (no temperature or
     truncation), and the `n_top` most likely (id, log p), highest first."""
-    x = logits.astype(np.float64)
-    m = x.max()
-    lse = m + np.log(np.exp(x - m).sum())  # log of the softmax's denominator
-    n_top = min(n_top, len(x))
-    ids = np.argpartition(-x, n_top - 1)[:n_top] if n_top > 0 else np.empty(0, dtype=np.int64)
-    ids = ids[np.lexsort((ids, -x[ids]))]  # by logit, then id: ties in a stable order
-    return float(x[token] - lse), [(int(i), float(x[i] - lse)) for i in ids]
+    m = float(logits.max())
+    lse = m + math.log(np.exp(logits - m).sum(dtype=np.float64))  # the softmax's denominator
+    n_top = min(n_top, len(logits))
+    ids = np.argpartition(logits, -n_top)[-n_top:] if n_top > 0 else np.empty(0, dtype=np.int64)
+    ids = ids[np.lexsort((ids, -logits[ids]))]  # by logit, then id: ties in a stable order
+    return float(logits[token]) - lse, [(int(i), float(logits[i]) - lse) for i in ids]
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
