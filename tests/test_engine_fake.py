@@ -232,6 +232,45 @@ def test_from_draft_flags(name):
     assert sum(flags) == stats.accepted
 
 
+def varied_logits(ctx) -> np.ndarray:
+    """mixed_next's argmax on top of a row that differs with every context (so another
+    position's row gives another logprob), margin varying too."""
+    rng = np.random.default_rng(ctx[-1] * 1000 + len(ctx))
+    row = rng.normal(size=50).astype(np.float32)
+    row[mixed_next(ctx)] += 5.0 + 3.0 * rng.random()
+    return row
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, seed=3)],
+                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name", ["none", "ngram", "perfect", "garbage"])
+def test_logprobs_come_from_the_row_that_checked_each_token(name, sampling):
+    model = FakeModel(next_fn=mixed_next, logits_fn=varied_logits)
+    gen = GenerationConfig(max_tokens=60, logprobs=3)
+    events, ids, _, stats = run(model, drafters_for(model)[name], sampling=sampling, gen=gen)
+    tokens = tokens_of(events)
+    assert len(tokens) == len(ids) == 60
+    if name in ("ngram", "perfect"):
+        assert any(t.from_draft for t in tokens) and stats.accepted > 0
+    ctx = list(PROMPT)
+    for t in tokens:
+        row = model.logits_fn(ctx).astype(np.float64)
+        ref = row - (row.max() + np.log(np.exp(row - row.max()).sum()))  # log-softmax, raw
+        assert t.logprob.token == t.id and t.logprob.logprob == pytest.approx(ref[t.id], abs=1e-6)
+        top = np.argsort(-ref)[:3]
+        assert [i for i, _ in t.logprob.top] == list(top)
+        assert [lp for _, lp in t.logprob.top] == pytest.approx(ref[top], abs=1e-6)  # float32 sums
+        ctx.append(t.id)
+    if sampling.greedy:  # the greedy token is the top one
+        assert all(t.logprob.top[0] == (t.id, t.logprob.logprob) for t in tokens)
+    # not asked: not computed
+    plain, plain_ids, _, _ = run(FakeModel(next_fn=mixed_next, logits_fn=varied_logits), NoDrafter(),
+                                 sampling=sampling, gen=GenerationConfig(max_tokens=60))
+    assert all(t.logprob is None for t in tokens_of(plain)) and len(plain_ids) == 60
+    if sampling.greedy or name == "none":  # asking for logprobs changes nothing else
+        assert plain_ids == ids
+
+
 # ----- stopping -------------------------------------------------------------------------
 
 

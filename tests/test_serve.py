@@ -393,7 +393,7 @@ def test_protocol_normalises_messages_and_prompts():
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]", "unknown_parameter"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "invalid_type"),
     ({"response_format": {"type": "json_object"}}, "response_format.type", "unsupported_parameter"),
-    ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function", "missing_required_parameter"),
     ({"logit_bias": {"1": 5}}, "logit_bias", "unsupported_parameter"),
 ])
 def test_protocol_errors_name_the_field_and_the_fault(body, param, code):

@@ -163,7 +163,11 @@ def test_forced_prefix_is_continued_by_the_reply():
     assert parser.feed(prefix) == []
     parser.feed(' {"city": "Paris"}}\n</tool_call>')
     assert [(c.name, json.loads(c.arguments)) for c in parser.calls] == [("get_weather", {"city": "Paris"})]
-    assert resolve_tool_choice("required", [WEATHER]).prefix(HERMES) == "<tool_call>\n"
+    required = resolve_tool_choice("required", [WEATHER, CLOCK]).prefix(HERMES)
+    assert required == '<tool_call>\n{"name": "'  # the model names the function
+    parser = ToolCallParser(HERMES, ids())
+    assert parser.feed(required) == [] and parser.feed('get_time", "arguments": {}}\n</tool_call>')
+    assert [(c.name, c.arguments) for c in parser.calls] == [("get_time", "{}")]
     assert resolve_tool_choice("auto", [WEATHER]).prefix(HERMES) == ""
 
 

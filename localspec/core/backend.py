@@ -174,7 +174,7 @@ class Model(PrefixCache):
         self._seqs: dict[int, list[int]] = {0: []}
         self.cached: list[int] = self._seqs[0]  # sequence 0, used by decode()/prefill()
         self.llama_s = 0.0  # time spent inside llama_decode, for overhead accounting
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._piece = threading.local()  # a buffer per thread: the server's threads all read pieces
 
     # ----- vocabulary -------------------------------------------------------------
 
@@ -232,7 +232,9 @@ class Model(PrefixCache):
         return list(buf[:n])
 
     def token_piece(self, token: int, special: bool = False) -> bytes:
-        buf = self._piece_buf
+        buf = getattr(self._piece, "buf", None)
+        if buf is None:
+            buf = self._piece.buf = ctypes.create_string_buffer(256)
         n = _ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)

@@ -68,8 +68,9 @@ class SpecConfig:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """When to stop."""
+    """When to stop, and what to report per token."""
 
     max_tokens: int = 512  # -n; <= 0 means until EOS or context full
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    logprobs: int | None = None  # each Token's logprob with this many alternatives; None: off

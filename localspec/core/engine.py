@@ -30,11 +30,13 @@ from localspec.core.events import (
     GenerationStats,
     Round,
     Token,
+    TokenLogprob,
     count_round,
 )
 from localspec.core.sampling import (
     accept_greedy,
     accept_stochastic,
+    logprobs,
     probs_from_logits,
     sample,
 )
@@ -96,7 +98,7 @@ class Output:
         self.detok = target.detokenizer()
         self.stops = StopMatcher(gen.stop)
 
-    def add(self, token: int, from_draft: bool) -> Token | None:
+    def add(self, token: int, from_draft: bool, logprob: TokenLogprob | None = None) -> Token | None:
         """Returns the event to emit (None for an end-of-generation token); sets
         stats.stop_reason when this token ends the generation."""
         if self.target.is_eog(token) and not self.gen.ignore_eos:
@@ -108,7 +110,7 @@ class Output:
             self.stats.stop_reason = "stop"
         elif 0 < self.gen.max_tokens <= self.stats.generated:
             self.stats.stop_reason = "length"
-        return Token(token, text, from_draft)
+        return Token(token, text, from_draft, logprob)
 
     def tail(self) -> str:
         if self.stats.stop_reason == "stop":
@@ -200,7 +202,7 @@ class Generation:
         self.stats.prefill_s = self.t_first - self.t_start
         self.tokens.append(self.id_last)
         self.drafter.begin(self.prompt)
-        event = self.out.add(self.id_last, False)
+        event = self.out.add(self.id_last, False, self._logprob(logits, self.id_last))
         return [event] if event is not None else []
 
     def plan(self, k_cap: int | None = None) -> list[int]:
@@ -243,7 +245,8 @@ class Generation:
         events: list[Event] = [Round(n_draft, n_accept, draft.source, self.k)]
         for i, tok in enumerate([*draft.tokens[:n_accept], id_next]):
             self.tokens.append(tok)
-            event = self.out.add(tok, i < n_accept)
+            # rows[i] checked token i, a drafted one included: its logprob is read there
+            event = self.out.add(tok, i < n_accept, self._logprob(rows[i], tok))
             if event is not None:
                 events.append(event)
             if self.stats.stop_reason:
@@ -252,6 +255,14 @@ class Generation:
                 break
         self.id_last, self.draft = id_next, Draft()
         return events
+
+    def _logprob(self, row: np.ndarray, token: int) -> TokenLogprob | None:
+        """The target's own distribution at an emitted token, when the generation asked
+        for it (gen.logprobs); a run that did not pays nothing."""
+        if self.gen.logprobs is None:
+            return None
+        lp, top = logprobs(row, token, self.gen.logprobs)
+        return TokenLogprob(token, lp, tuple(top))
 
     def finish(self) -> Done:
         """The final event: stats (with the drafter's report) and any held-back text."""

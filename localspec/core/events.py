@@ -8,13 +8,26 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target's raw distribution at its
+    position (log-softmax of the logits row it was checked against: no temperature or
+    truncation), and the `top` alternatives as (token id, logprob), most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Token:
     """One generated token. `text` is what may be shown now (it can be empty while a
-    split UTF-8 character or a possible stop string is held back)."""
+    split UTF-8 character or a possible stop string is held back). `logprob` only when
+    the generation asked for it (GenerationConfig.logprobs)."""
 
     id: int
     text: str
     from_draft: bool
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True, slots=True)

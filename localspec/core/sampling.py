@@ -7,6 +7,7 @@ applied to the target (p) and the draft (q), which is what keeps speculation los
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,6 +50,17 @@ def probs_from_logits(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     ids = _kept_ids(logits, cfg)
     out[ids] = _softmax(logits[ids].astype(np.float64) / cfg.temperature)
     return out
+
+
+def logprobs(logits: np.ndarray, token: int, n_top: int = 0) -> tuple[float, list[tuple[int, float]]]:
+    """log p(token) under the raw distribution softmax(logits) (no temperature or
+    truncation), and the `n_top` most likely (id, log p), highest first."""
+    m = float(logits.max())
+    lse = m + math.log(np.exp(logits - m).sum(dtype=np.float64))  # the softmax's denominator
+    n_top = min(n_top, len(logits))
+    ids = np.argpartition(logits, -n_top)[-n_top:] if n_top > 0 else np.empty(0, dtype=np.int64)
+    ids = ids[np.lexsort((ids, -logits[ids]))]  # by logit, then id: ties in a stable order
+    return float(logits[token]) - lse, [(int(i), float(logits[i]) - lse) for i in ids]
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -80,11 +80,13 @@ class ToolFormat:
     opening: str  # what the model writes before the first call's JSON object
 
     def prefix(self, name: str | None = None) -> str:
-        """Text that, ending the prompt, makes the reply a call (to `name`, or to any
-        function): the opening, then for a name the call's JSON up to its arguments."""
+        """Text that, ending the prompt, makes the reply a call (to `name`, or to a
+        function the model names): the opening, then the call's JSON up to its arguments,
+        or without a name up to the name's first letter (after the opening alone a model
+        may end its reply at once: Qwen2.5-Coder-1.5B does, asked to say hello)."""
         # no space after the colon: BPE spells " {" as one token, the model writes it
-        named = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":' if name else ""
-        return self.opening + named
+        head = json.dumps(name, ensure_ascii=False) + ', "arguments":' if name else '"'
+        return self.opening + '{"name": ' + head
 
 
 # Qwen2.5-Coder often answers a tool request with a ```json block holding the call

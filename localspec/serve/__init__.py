@@ -8,6 +8,10 @@
                   plus a prompt prefilled in chunks
     schema.py     the OpenAI request bodies as strict pydantic models
     protocol.py   a body -> GenRequest or OpenAI's 400 error; OpenAI-shaped responses
+    tools.py      a chat request's prompt (the model's own template, tools included) and
+                  how to read tool calls from its reply (tool_choice forcing)
+    reply.py      one request's answer, whole or streamed: tool calls, logprobs
+    logprobs.py   per-token logprobs in OpenAI's chat and legacy completions shapes
     metrics.py    counters and gauges, exposed through prometheus_client
     policy.py     serving defaults: per-slot context, when speculation turns off under load
 

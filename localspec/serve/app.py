@@ -35,6 +35,7 @@ from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig
 from localspec.serve import protocol
 from localspec.serve.protocol import ApiError, GenRequest
+from localspec.serve.reply import Reply
 from localspec.serve.scheduler import (
     Failed,
     Finished,
@@ -44,6 +45,7 @@ from localspec.serve.scheduler import (
     Text,
     Unavailable,
 )
+from localspec.serve.tools import ToolPlan, chat_prompt
 
 log = logging.getLogger("localspec.serve")
 _GONE = object()  # put on a request's queue when its client disconnects
@@ -174,7 +176,7 @@ class _Api:
             body = protocol.parse_json(await self._read_body(request))
             req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
             # tokenizing a long prompt takes a while: keep the event loop free meanwhile
-            prompt, prompt_text = await asyncio.to_thread(self._prompt, req)
+            prompt, prompt_text, plan = await asyncio.to_thread(self._prompt, req)
             queue: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
             extra = (await asyncio.to_thread(self.target.tokenize, req.prediction, False, False)
@@ -196,7 +198,7 @@ class _Api:
             self.metrics_.request(kind, "503")
             return _error(ApiError(503, f"The server is unavailable: {exc}.", type="server_error"))
         watcher = asyncio.create_task(_watch_disconnect(request, job, queue))
-        call = _Call(self, req, job, queue, watcher, prompt_text)
+        call = _Call(self, req, job, queue, watcher, prompt_text, plan)
         if req.stream:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(call.stream(), media_type="text/event-stream", headers=headers)
@@ -227,11 +229,13 @@ class _Api:
             parts.append(part)
         return b"".join(parts)
 
-    def _prompt(self, req: GenRequest) -> tuple[list[int], str]:
-        """Token ids for the request (chat template for chat) and its text for the log."""
+    def _prompt(self, req: GenRequest) -> tuple[list[int], str, ToolPlan | None]:
+        """Token ids for the request (chat: the model's chat template), its text for the
+        log, and how to read tool calls from the reply (chat with tools)."""
         t = self.target
+        plan = None
         if req.kind == "chat":
-            text = t.apply_chat_template(req.messages)
+            text, plan = chat_prompt(t, req)
             tokens = t.tokenize(text, add_special=True, parse_special=True)
         elif isinstance(req.prompt, str):
             text = req.prompt
@@ -251,7 +255,7 @@ class _Api:
                 f"This model's maximum context length is {limit} tokens per slot. However, your "
                 f"prompt is {len(tokens)} tokens. Please shorten it.",
                 "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
-        return tokens, text
+        return tokens, text, plan
 
     def _sampling(self, req: GenRequest) -> SamplingConfig:
         d = self.settings.sampling
@@ -268,7 +272,7 @@ class _Api:
                                        param, "invalid_value")
         n = req.max_tokens if req.max_tokens is not None else self.settings.default_max_tokens
         n = min(n, limit) if n > 0 else limit
-        return GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos)
+        return GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos, logprobs=req.logprobs)
 
     def log_generation(self, req: GenRequest, job: Job, stats: object, prompt_text: str, output: str) -> None:
         """Best effort, off the event loop: the acceptance log must never break serving."""
@@ -303,7 +307,7 @@ class _Call:
     """One admitted request: turns the scheduler's events into a response or SSE."""
 
     def __init__(self, api: _Api, req: GenRequest, job: Job, queue: asyncio.Queue,
-                 watcher: asyncio.Task, prompt_text: str) -> None:
+                 watcher: asyncio.Task, prompt_text: str, plan: ToolPlan | None) -> None:
         self.api = api
         self.req = req
         self.job = job
@@ -313,6 +317,7 @@ class _Call:
         self.rid = protocol.new_id(req.kind)
         self.created = int(time.time())
         self.model = api.settings.model_id
+        self.reply = Reply(req, self.rid, self.created, self.model, api.target, plan, prompt_text)
 
     def _done(self, outcome: str) -> None:
         self.watcher.cancel()
@@ -320,7 +325,6 @@ class _Call:
         self.api.metrics_.request(self.req.kind, outcome)
 
     async def complete(self) -> Response:
-        parts: list[str] = []
         outcome = "cancelled"
         try:
             while True:
@@ -328,33 +332,30 @@ class _Call:
                 if ev is _GONE:
                     return Response(status_code=499)  # nobody is listening
                 if isinstance(ev, Text):
-                    parts.append(ev.text)
+                    self.reply.add(ev.text, ev.logprobs)
                 elif isinstance(ev, Failed):
                     outcome = str(ev.status)
                     return _error(ApiError(ev.status, ev.message, type="server_error"))
                 elif isinstance(ev, Finished):
                     outcome = "ok"
-                    text = "".join(parts) + ev.text
-                    self.api.log_generation(self.req, self.job, ev.stats, self.prompt_text, text)
-                    return JSONResponse(protocol.response(self.req, self.rid, self.created, self.model,
-                                                          text, ev.stats))
+                    body = self.reply.body(ev.text, ev.stats)
+                    self.api.log_generation(self.req, self.job, ev.stats, self.prompt_text, self.reply.text)
+                    return JSONResponse(body)
         finally:
             self._done(outcome)
 
     async def stream(self) -> AsyncIterator[str]:
-        req, rid, created, model = self.req, self.rid, self.created, self.model
-        parts: list[str] = []
         outcome = "cancelled"
         try:
-            if req.kind == "chat":
-                yield _sse(protocol.chunk(req, rid, created, model, "", role=True))
+            for ch in self.reply.opening():
+                yield _sse(ch)
             while True:
                 ev = await self.queue.get()
                 if ev is _GONE:
                     return
                 if isinstance(ev, Text):
-                    parts.append(ev.text)
-                    yield _sse(protocol.chunk(req, rid, created, model, ev.text))
+                    for ch in self.reply.piece(ev.text, ev.logprobs):
+                        yield _sse(ch)
                 elif isinstance(ev, Failed):
                     outcome = str(ev.status)
                     yield _sse(ApiError(ev.status, ev.message, type="server_error").body())
@@ -362,15 +363,10 @@ class _Call:
                     return
                 elif isinstance(ev, Finished):
                     outcome = "ok"
-                    if ev.text:
-                        parts.append(ev.text)
-                        yield _sse(protocol.chunk(req, rid, created, model, ev.text))
-                    reason = protocol.finish_reason(ev.stats.stop_reason)
-                    yield _sse(protocol.chunk(req, rid, created, model, reason=reason))
-                    if req.include_usage:
-                        yield _sse(protocol.usage_chunk(req, rid, created, model, ev.stats))
+                    for ch in self.reply.closing(ev.text, ev.stats):
+                        yield _sse(ch)
                     yield "data: [DONE]\n\n"
-                    self.api.log_generation(req, self.job, ev.stats, self.prompt_text, "".join(parts))
+                    self.api.log_generation(self.req, self.job, ev.stats, self.prompt_text, self.reply.text)
                     return
         finally:
             self._done(outcome)

@@ -4,8 +4,8 @@ Requests are validated by the pydantic models in schema.py; the first failure be
 a 400 with `param` naming the field (the official client surfaces it as
 BadRequestError) and `code` saying what is wrong: unknown_parameter,
 missing_required_parameter, invalid_type, invalid_value or unsupported_parameter (a
-field we understand but do not implement: n > 1, logprobs, penalties, tools). A valid
-body becomes a GenRequest. No llama_cpp and no HTTP here.
+field we understand but do not implement: n > 1, penalties). A valid body becomes a
+GenRequest, its tool_choice resolved against its tools. No llama_cpp and no HTTP here.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from localspec.core.engine import GenerationStats
+from localspec.core.toolcalls import ToolChoice, ToolChoiceError, resolve_tool_choice
 from localspec.serve import schema
 
 BodyT = TypeVar("BodyT", bound=schema.CommonBody)
@@ -57,7 +58,9 @@ class GenRequest:
     kind: str  # "chat" | "completion"
     model: str
     prompt: str | list[int] | None = None  # completion: text or token ids
-    messages: list[dict] = field(default_factory=list)  # chat: {"role", "content"} strings
+    # chat: {"role", "content"} with content a string (None beside tool_calls), plus
+    # "tool_calls" (OpenAI's shape) in assistant and "tool_call_id" in tool messages
+    messages: list[dict] = field(default_factory=list)
     max_tokens: int | None = None
     stream: bool = False
     include_usage: bool = False
@@ -69,6 +72,10 @@ class GenRequest:
     seed: int | None = None
     ignore_eos: bool = False
     prediction: str | None = None  # chat: predicted output, a second n-gram draft source
+    tools: list[dict] = field(default_factory=list)  # chat: OpenAI function tools
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))  # resolved against the tools
+    parallel_tool_calls: bool = True
+    logprobs: int | None = None  # per-token logprobs with this many alternatives; None: off
 
 
 # ----- validation: pydantic models (schema.py) -> GenRequest, or a 400 ----------------
@@ -89,17 +96,32 @@ def parse_json(raw: bytes) -> dict:
 def parse_completion(body: dict) -> GenRequest:
     """Validate a /v1/completions body."""
     b = _validate(schema.CompletionBody, body)
-    return _common("completion", b, prompt=b.prompt, max_tokens=b.max_tokens)
+    return _common("completion", b, prompt=b.prompt, max_tokens=b.max_tokens, logprobs=b.logprobs)
 
 
 def parse_chat(body: dict) -> GenRequest:
     """Validate a /v1/chat/completions body."""
     b = _validate(schema.ChatBody, body)
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": schema.text_of(m.content)}
-                for m in b.messages]
     prediction = schema.text_of(b.prediction.content) if b.prediction else None
-    return _common("chat", b, messages=messages, max_tokens=b.max_completion_tokens or b.max_tokens,
-                   prediction=prediction)
+    tools = [t.model_dump(exclude_none=True) for t in b.tools or ()]
+    try:
+        choice = resolve_tool_choice(b.tool_choice, tools)
+    except ToolChoiceError as exc:
+        raise bad_request(f"Invalid value for 'tool_choice': {exc}.", "tool_choice", "invalid_value") from None
+    return _common("chat", b, messages=[_message(m) for m in b.messages], prediction=prediction,
+                   max_tokens=b.max_completion_tokens or b.max_tokens, tools=tools, tool_choice=choice,
+                   parallel_tool_calls=b.parallel_tool_calls is not False,
+                   logprobs=(b.top_logprobs or 0) if b.logprobs else None)
+
+
+def _message(m: schema.Message) -> dict:
+    out = {"role": "system" if m.role == "developer" else m.role,
+           "content": None if m.content is None else schema.text_of(m.content)}
+    if m.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
 
 
 def _common(kind: str, b: schema.CommonBody, **extra: Any) -> GenRequest:
@@ -129,7 +151,10 @@ _EXPECTED = {"string_type": "a string", "int_type": "an integer", "float_type": 
 
 def _api_error(err: ErrorDetails) -> ApiError:
     """A pydantic error as OpenAI's 400: `param` is the field's path, e.g. messages[0].role."""
-    loc, kind, msg = err["loc"], err["type"], err["msg"]
+    loc, kind, msg, value = err["loc"], err["type"], err["msg"], err.get("input")
+    at = (err.get("ctx") or {}).get("field")  # an object's check about one of its fields
+    if at is not None:
+        loc, value = (*loc, at), value.get(at) if isinstance(value, dict) else None
     param = _param(loc)
     if kind == "extra_forbidden":
         if len(loc) == 1:
@@ -140,11 +165,11 @@ def _api_error(err: ErrorDetails) -> ApiError:
         return bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
     if kind in _EXPECTED or kind == schema.WRONG_TYPE:
         want = _EXPECTED.get(kind, msg)
-        return bad_request(f"Invalid type for '{param}': expected {want}, but got {_type_name(err['input'])}.",
+        return bad_request(f"Invalid type for '{param}': expected {want}, but got {_type_name(value)}.",
                            param, "invalid_type")
     if kind == schema.UNSUPPORTED:
         return bad_request(f"'{param}': {msg}.", param, "unsupported_parameter")
-    got = "" if kind in _NO_INPUT else f", got {json.dumps(err['input'], default=str)[:80]}"
+    got = "" if kind in _NO_INPUT else f", got {json.dumps(value, default=str)[:80]}"
     return bad_request(f"Invalid value for '{param}': {msg}{got}.", param, "invalid_value")
 
 
@@ -168,9 +193,12 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def finish_reason(stop_reason: str) -> str:
-    """The engine's stop reason in OpenAI's vocabulary."""
-    return "length" if stop_reason in ("length", "context") else "stop"
+def finish_reason(stop_reason: str, tool_calls: bool = False) -> str:
+    """The engine's stop reason in OpenAI's vocabulary ("tool_calls" when the reply
+    ended, not cut, with calls in it)."""
+    if stop_reason in ("length", "context"):
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
 
 
 def usage(stats: GenerationStats) -> dict:
@@ -196,32 +224,38 @@ def usage(stats: GenerationStats) -> dict:
     }
 
 
-def response(req: GenRequest, rid: str, created: int, model: str, text: str,
-             stats: GenerationStats) -> dict:
-    """The non-streaming body."""
-    reason = finish_reason(stats.stop_reason)
+def response(req: GenRequest, rid: str, created: int, model: str, text: str | None,
+             stats: GenerationStats, *, tool_calls: list[dict] | None = None,
+             logprobs: dict | None = None) -> dict:
+    """The non-streaming body (chat: `text` is None when the reply is only tool calls)."""
+    reason = finish_reason(stats.stop_reason, bool(tool_calls))
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": reason}
+        message: dict = {"role": "assistant", "content": text}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": model,
             "choices": [choice], "usage": usage(stats)}
 
 
 def chunk(req: GenRequest, rid: str, created: int, model: str, text: str | None = None, *,
-          reason: str | None = None, role: bool = False) -> dict:
+          reason: str | None = None, role: bool = False, tool_calls: list[dict] | None = None,
+          logprobs: dict | None = None) -> dict:
     """One streaming chunk (a delta for chat, a text piece for completions)."""
     if req.kind == "chat":
         delta: dict = {"role": "assistant"} if role else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
 

@@ -34,6 +34,7 @@ from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
 from localspec.core.engine import GenerationStats, Round, Token
+from localspec.core.events import TokenLogprob
 from localspec.core.runtime import make_drafter
 from localspec.serve.metrics import Metrics
 from localspec.serve.sequence import SeqState
@@ -55,10 +56,12 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class Text:
-    """New text for the client (may span several accepted tokens)."""
+    """New text for the client (may span several accepted tokens), and those tokens'
+    logprobs when the request asked for them (GenerationConfig.logprobs)."""
 
     text: str
     n_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -295,8 +298,9 @@ class Scheduler:
             self.metrics.round(rnd.n_draft, rnd.n_accept, st.stats.generated - before)
         tokens = [ev for ev in events if isinstance(ev, Token)]
         text = "".join(ev.text for ev in tokens)
-        if text:
-            a.job.emit(Text(text, len(tokens)))
+        logprobs = tuple(ev.logprob for ev in tokens if ev.logprob is not None)
+        if text or logprobs:  # a token whose text is held back still has its logprob
+            a.job.emit(Text(text, len(tokens), logprobs))
         return st.stats.generated - before
 
     def _retire(self) -> None:

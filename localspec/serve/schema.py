@@ -3,9 +3,11 @@
 
 Strict: every field the OpenAI API defines for the endpoint is declared, and an unknown
 field, a wrong JSON type (no "5" for 5, no true for 1) or an out-of-range value fails
-validation at its location. Fields we understand but do not implement (n > 1, logprobs,
-penalties, tools) accept only their default and otherwise fail as "unsupported", rather
-than being silently ignored; implementing one means giving it a real type here.
+validation at its location. Fields we understand but do not implement (n > 1,
+penalties, logit_bias) accept only their default and otherwise fail as "unsupported",
+rather than being silently ignored; implementing one means giving it a real type here.
+A check that concerns one field of an object but runs on the whole object (a message's
+fields depend on its role) names the field in its error's context (`field`).
 protocol.py turns a failure into OpenAI's 400 error body and a valid body into the
 GenRequest the app consumes.
 """
@@ -31,6 +33,7 @@ MAX_STOPS = 4
 UNSUPPORTED = "unsupported_parameter"  # a value we understand but do not implement
 INVALID = "invalid_value"
 WRONG_TYPE = "wrong_type"  # message: the expected type, e.g. "a string or an array of token ids"
+MAX_TOP_LOGPROBS = 20
 
 
 def _integral(v: Any) -> Any:
@@ -85,10 +88,70 @@ def text_of(content: list[TextPart]) -> str:
     return "".join(p.text for p in content)
 
 
+def _at(field: str, kind: str, message: str, **context: str) -> PydanticCustomError:
+    """An error about `field` of the object being validated (protocol.py locates it)."""
+    return PydanticCustomError(kind, message, {"field": field, **context})
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(_Body):
+    """A tool call in an assistant message of the conversation so far."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 class Message(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Content
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Content | None = None  # null only in an assistant message with tool_calls
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool: the call this message answers
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_of_role(cls, v: Any) -> Any:
+        if not isinstance(v, dict) or v.get("role") not in ROLES:
+            return v  # the field checks report it
+        role = v["role"]
+        for key, owner in (("tool_calls", "assistant"), ("tool_call_id", "tool")):
+            if v.get(key) is not None and role != owner:
+                raise _at(key, "extra_forbidden", "only in a message with role {owner}", owner=owner)
+        if role == "tool" and v.get("tool_call_id") is None:
+            raise _at("tool_call_id", "missing", "a tool message answers a tool call")
+        if v.get("content") is None and not (role == "assistant" and v.get("tool_calls")):
+            if "content" not in v:
+                raise _at("content", "missing", "required")
+            raise _at("content", WRONG_TYPE, "a string or an array of content parts")
+        return v
+
+
+class FunctionDef(_Body):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+def _unique_names(tools: list[Tool]) -> list[Tool]:
+    names = [t.function.name for t in tools]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise PydanticCustomError(INVALID, "function names must be unique ({name} twice)", {"name": repr(dup)})
+    return tools
 
 
 class StreamOptions(_Body):
@@ -151,21 +214,30 @@ class CommonBody(_Body):
     ignore_eos: bool | None = None
 
 
+TopLogprobs = Annotated[Integer, Field(ge=0, le=MAX_TOP_LOGPROBS)]
+
+
 class ChatBody(CommonBody):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[Integer, Field(ge=1)] | None = None
-    logprobs: _unsupported(False, "no logprobs") = None
-    top_logprobs: _unsupported(0, "no logprobs") = None
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = None
     response_format: ResponseFormat | None = None
-    tools: _unsupported([], "no tool calls") = None
-    tool_choice: _unsupported("none", "no tool calls") = None
-    parallel_tool_calls: Any = None
+    tools: Annotated[list[Tool], AfterValidator(_unique_names)] | None = None
+    tool_choice: Any = None  # checked against the tools by toolcalls.resolve_tool_choice
+    parallel_tool_calls: bool | None = None
     functions: _unsupported([], "no function calls") = None
     function_call: _unsupported("none", "no function calls") = None
     metadata: Any = None
     store: _unsupported(False, "nothing is stored") = None
     service_tier: Any = None
     prediction: Prediction | None = None
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatBody:
+        if self.top_logprobs and not self.logprobs:
+            raise _at("top_logprobs", INVALID, "needs logprobs: true")
+        return self
 
 
 def _prompt(v: Any) -> Any:
@@ -186,6 +258,6 @@ def _prompt(v: Any) -> Any:
 class CompletionBody(CommonBody):
     prompt: Annotated[Any, AfterValidator(_prompt)]  # str | list[int] once valid
     echo: _unsupported(False, "no echo") = None
-    logprobs: _unsupported(0, "no logprobs") = None
+    logprobs: TopLogprobs | None = None  # the legacy shape: this many alternatives per token
     suffix: _unsupported("", "no suffix") = None
     best_of: _unsupported(1, "one choice per request") = None
