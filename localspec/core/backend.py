@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
