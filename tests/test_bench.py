@@ -189,8 +189,8 @@ def test_vcurve_returns_n_entries_normalised(smol1, smol1_draft):
 
 def test_compare_reports_divergence_with_margin(smol1):
     smol = smol1
-    prompt = chat_prompt(smol, "Say hello.")
-    plain = run_workload(Runtime(smol), wl.Workload("p-1", "prose", prompt="Say hello."),
+    prompt = chat_prompt(smol, "Greet me.")
+    plain = run_workload(Runtime(smol), wl.Workload("p-1", "prose", prompt="Greet me."),
                          [Variant("none")], Settings(n_predict=8, log=False))[0].runs[0].ids
     assert compare(smol, prompt, plain, plain).status == "identical"
     # the plain run's top-2 margins, from the reference's own one-token decodes
