@@ -174,20 +174,29 @@ def test_a_changed_file_misses(smol, cache):
     assert use.restored == 0 and use.decoded == m and len(cache.entries()) == 2
 
 
-def test_another_model_misses_even_under_the_same_name(smol, gemma_path, cache):
+def test_another_model_of_the_same_shape_misses(smol, smol_path, cache, tmp_path):
+    # other weights, same architecture: llama.cpp would accept the state, the key must not
     from localspec.core.backend import Model
     from localspec.core.config import ModelConfig
 
+    data = bytearray(Path(smol_path).read_bytes())
+    data[-100] ^= 0x01  # a bit of the last tensor's weights
+    other_path = tmp_path / "other-smollm2.gguf"
+    other_path.write_bytes(bytes(data))
+    del data
     prompt, n = prompt_for(smol)
     forget(smol)
     warm_prefix(smol, prompt[:n], cache)
     [entry] = cache.entries()
-    with Model(ModelConfig(path=gemma_path, n_ctx=2048)) as gemma:
-        tokens = prompt[:n]  # the same ids, meaning other text to Gemma: must not load
-        assert cache.path_for(gemma, tokens) != entry
-        entry.rename(cache.path_for(gemma, tokens))  # even a file at Gemma's own path
-        assert cache.restore(gemma, tokens) is None
-        assert gemma.n_past == 0
+    with Model(ModelConfig(path=str(other_path), n_ctx=2048)) as other:
+        tokens = prompt[:n]
+        assert cache.path_for(other, tokens) != entry
+        entry.rename(cache.path_for(other, tokens))  # even a file at the other model's own path
+        assert cache.restore(other, tokens) is None
+        assert other.n_past == 0
+        forget(smol)
+        smol.decode(tokens, logits=())
+        assert other.load_state(smol.state_bytes(), tokens) == n  # llama.cpp alone would take it
 
 
 def test_header_names_model_and_tokens(smol, cache):

@@ -239,8 +239,10 @@ class Session:
         live = self.show_progress and sys.stderr.isatty()
         with ctrl_c.catching(), EditProgress(Path(name).name, len(file_tokens), enabled=live) as progress:
             # the file's KV state from the prefix cache, or prefilled and stored there
-            use = warm_prefix(rt.target, prompt[:n_prefix], cache)
+            use = warm_prefix(rt.target, prompt[:n_prefix], cache, lambda: ctrl_c.pressed)
             draft_hit = _restore_draft(rt.draft, prompt[:n_prefix], cache)
+            if ctrl_c.pressed:
+                raise KeyboardInterrupt
             outcome = rewrite(
                 rt.target, drafter, prompt, choose_fence(job.region.body),
                 sampling=self.sampling, spec=self.spec, gen=self._gen(rt.target, prompt, file_tokens),
@@ -248,7 +250,7 @@ class Session:
             )
         if ctrl_c.pressed:
             raise KeyboardInterrupt
-        if not draft_hit:
+        if not draft_hit:  # not after Ctrl-C: raised above
             _store_draft(rt.draft, prompt[:n_prefix], cache)
         stats = outcome.stats
         if stats is not None:

@@ -24,7 +24,7 @@ import os
 import struct
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,10 +245,12 @@ class PrefixUse:
         stats.cache_s += self.cache_s
 
 
-def warm_prefix(model: Model, prefix: Sequence[int], cache: PrefixCache | None) -> PrefixUse:
+def warm_prefix(model: Model, prefix: Sequence[int], cache: PrefixCache | None,
+                should_stop: Callable[[], bool] | None = None) -> PrefixUse:
     """Make `model`'s sequence 0 hold exactly `prefix`: what it already holds is kept,
     else the cache restores it, else it is prefilled (in batches of its own, so a later
-    restore yields exactly the KV values this cold run computed) and stored."""
+    restore yields exactly the KV values this cold run computed) and stored, unless
+    `should_stop` says the user gave up meanwhile (Ctrl-C writes nothing)."""
     use = PrefixUse()
     if not prefix:
         return use
@@ -271,7 +273,7 @@ def warm_prefix(model: Model, prefix: Sequence[int], cache: PrefixCache | None) 
         raise
     use.decoded = len(prefix) - keep
     use.prefill_s = time.perf_counter() - t0
-    if cache is not None:
+    if cache is not None and not (should_stop and should_stop()):
         t1 = time.perf_counter()
         use.stored = cache.store(model, prefix, use.prefill_s if keep == 0 else None)
         use.cache_s += time.perf_counter() - t1
