@@ -7,7 +7,7 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,17 +91,7 @@ def edit(ctx: click.Context, files: tuple[str, ...], instruction: str | None,
       localspec edit app.py --lines 40:80 -i "use pathlib" --dry-run
       cat a.py | localspec edit - -i "rename foo to bar" > b.py
     """
-    has_draft = bool(kw.get("draft") and kw["draft"].lower() != "none")
-    for name, value in EDIT_SPEC_DEFAULTS.items():  # edit's own defaults for shared flags
-        if ctx.get_parameter_source(name) == ParameterSource.DEFAULT:
-            kw[name] = value
-    if ctx.get_parameter_source("ngram_min") == ParameterSource.DEFAULT:
-        kw["ngram_min"] = min(kw["ngram_min"], kw["ngram_max"])  # a low --ngram-max wins
-    if ctx.get_parameter_source("spec") == ParameterSource.DEFAULT and has_draft:
-        kw["spec"] = "hybrid"  # n-gram copies from the file, the model fills the gaps
-    opts = load_options(kw, (ctx.obj or {}).get("verbose", False))
-    spec = spec_config(kw, has_draft=has_draft)
-    sampling = sampling_config(kw)
+    opts, spec, sampling = resolve_options(ctx, kw)
     filter_mode = files == ("-",)
     if "-" in files and not filter_mode:
         raise click.UsageError("'-' (stdin) must be the only FILE")
@@ -117,6 +107,27 @@ def edit(ctx: click.Context, files: tuple[str, ...], instruction: str | None,
         tag=tag or "edit", log=not no_log, prefix_cache=prefix_cache,
     )
     ctx.exit(session.run(jobs))
+
+
+def resolve_options(ctx: click.Context, kw: dict) -> tuple[LoadOptions, SpecConfig, SamplingConfig]:
+    """Edit's own defaults for the shared flags left at their defaults, then the configs."""
+    has_draft = bool(kw.get("draft") and kw["draft"].lower() != "none")
+    for name, value in EDIT_SPEC_DEFAULTS.items():  # edit's own defaults for shared flags
+        if ctx.get_parameter_source(name) == ParameterSource.DEFAULT:
+            kw[name] = value
+    if ctx.get_parameter_source("ngram_min") == ParameterSource.DEFAULT:
+        kw["ngram_min"] = min(kw["ngram_min"], kw["ngram_max"])  # a low --ngram-max wins
+    if ctx.get_parameter_source("spec") == ParameterSource.DEFAULT and has_draft:
+        kw["spec"] = "hybrid"  # n-gram copies from the file, the model fills the gaps
+    opts = load_options(kw, (ctx.obj or {}).get("verbose", False))
+    return opts, spec_config(kw, has_draft=has_draft), sampling_config(kw)
+
+
+def configs_for(args: Sequence[str] = ()) -> tuple[LoadOptions, SpecConfig, SamplingConfig]:
+    """What `localspec edit FILE -i ... ARGS` runs with (for benchmark scripts): the same
+    parsing, environment variables and edit defaults as the command."""
+    ctx = edit.make_context("edit", ["-", "-i", "-", *args])
+    return resolve_options(ctx, dict(ctx.params))
 
 
 def _instruction(text: str | None, path: str | None, stdin_free: bool) -> str:
