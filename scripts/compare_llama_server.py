@@ -55,8 +55,8 @@ from rich.table import Table
 
 from localspec.bench import workloads as wl
 from localspec.commands.edit import configs_for
-from localspec.core.config import GenerationConfig
 from localspec.core import backend
+from localspec.core.config import GenerationConfig
 from localspec.core.runtime import make_drafter, open_runtime
 from localspec.edit import rewrite
 from localspec.models import paths
@@ -110,7 +110,7 @@ def build_server() -> Path:
 
 
 def server_commit(server: Path) -> str:
-    out = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60, check=False)
     line = next((ln for ln in (out.stdout + out.stderr).splitlines() if "commit" in ln), "")
     return line.rsplit("commit", 1)[-1].strip(" )") if line else "unknown"
 

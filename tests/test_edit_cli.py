@@ -162,7 +162,7 @@ def _prefill(stderr: str) -> tuple[int, int]:
 def test_second_edit_of_the_same_file_prefills_only_the_instruction(tmp_path, smol_path):
     p = tmp_path / "inventory.py"
     p.write_text("".join((WORKLOADS / "inventory.py").read_text().splitlines(keepends=True)[:24]))
-    args = (str(p), "-m", smol_path, "-n", "8", "--dry-run")
+    args = (str(p), "-m", smol_path, "-t", "1", "-n", "8", "--dry-run")
     first = edit_cli(*args, "-i", "Rename Item to Product.")
     second = edit_cli(*args, "-i", "Rename Item to Product.")
     third = edit_cli(*args, "-i", "Rename Item to Article.", "--no-prefix-cache")

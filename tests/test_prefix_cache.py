@@ -46,6 +46,17 @@ def edit_run(model, prompt: list[int], n_prefix: int, cache: PrefixCache, n: int
     return use, first, ids, stats
 
 
+@pytest.fixture(scope="module")
+def smol(smol_path):
+    """One thread: with more threads than idle cores, llama.cpp's spinning barrier makes
+    a small model several times slower on a busy machine."""
+    from localspec.core.backend import Model
+    from localspec.core.config import ModelConfig
+
+    with Model(ModelConfig(path=smol_path, n_ctx=2048, n_threads=1)) as m:
+        yield m
+
+
 @pytest.fixture
 def cache(tmp_path) -> PrefixCache:
     return PrefixCache(tmp_path / "prefix", cap=1 << 30, min_tokens=16)
@@ -110,7 +121,7 @@ def _flip(path: Path, where: str) -> None:
 def test_a_corrupt_entry_is_ignored_then_replaced(smol, cache, where):
     prompt, n_prefix = prompt_for(smol)
     forget(smol)
-    cold, cold_logits, _, _ = edit_run(smol, prompt, n_prefix, cache, n=1)
+    _, cold_logits, _, _ = edit_run(smol, prompt, n_prefix, cache, n=1)
     [entry] = cache.entries()
     _flip(entry, where)
     forget(smol)
@@ -188,7 +199,7 @@ def test_another_model_of_the_same_shape_misses(smol, smol_path, cache, tmp_path
     forget(smol)
     warm_prefix(smol, prompt[:n], cache)
     [entry] = cache.entries()
-    with Model(ModelConfig(path=str(other_path), n_ctx=2048)) as other:
+    with Model(ModelConfig(path=str(other_path), n_ctx=2048, n_threads=1)) as other:
         tokens = prompt[:n]
         assert cache.path_for(other, tokens) != entry
         entry.rename(cache.path_for(other, tokens))  # even a file at the other model's own path

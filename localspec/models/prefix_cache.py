@@ -24,6 +24,7 @@ import os
 import struct
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,12 +44,14 @@ STALE_TMP_S = 3600.0  # temp files older than this were left by a crashed writer
 
 
 def model_key(model: Model) -> str:
-    """Who computed a state: the weights, the llama.cpp build, CPU or GPU layers (KV
-    values computed on another backend differ slightly), the KV cache's shape."""
+    """Who computed a state: the weights (a rewritten file misses, even if identical),
+    the llama.cpp build, CPU or GPU layers (KV values computed on another backend differ
+    slightly), the KV cache's shape."""
     from localspec.models.registry import file_identity
 
     ident = file_identity(model.path)
-    parts = {"sha256": ident["sha256"], "size": ident["size"], "llama_cpp": backend.llama_cpp_version(),
+    parts = {"sha256": ident["sha256"], "size": ident["size"], "mtime": ident["mtime"],
+             "llama_cpp": backend.llama_cpp_version(),
              "ggml": backend.ggml_build()["commit"], "n_gpu_layers": model.info.n_gpu_layers,
              "n_layer": model.n_layer, "format": FORMAT}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -83,16 +86,16 @@ class PrefixCache:
         self.root = root or paths.cache_dir() / "prefix"
         self.cap = default_cap() if cap is None else cap
         self.min_tokens = min_tokens
-        self._keys: dict[int, str] = {}  # id(model) -> model_key
+        self._keys: weakref.WeakKeyDictionary[Model, str] = weakref.WeakKeyDictionary()
 
     @property
     def enabled(self) -> bool:
         return self.cap > 0
 
     def _model_key(self, model: Model) -> str:
-        if id(model) not in self._keys:
-            self._keys[id(model)] = model_key(model)
-        return self._keys[id(model)]
+        if model not in self._keys:  # by the object: an id may be reused by another model
+            self._keys[model] = model_key(model)
+        return self._keys[model]
 
     def path_for(self, model: Model, tokens: Sequence[int]) -> Path:
         digest = hashlib.sha256(self._model_key(model).encode() + _tokens_bytes(tokens))
