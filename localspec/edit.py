@@ -13,16 +13,15 @@ and keeps the mode bits, the line endings and the final newline of the original.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import stat
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localspec.core.errors import UsageError
+from localspec.files import write_atomic  # noqa: F401 - the edit command writes with it
 
 if TYPE_CHECKING:  # the text helpers stay importable without loading llama.cpp
     from localspec.core.backend import Model
@@ -365,50 +364,3 @@ def unified_diff(old: str, new: str, name: str, context: int = 3) -> str:
             line += "\n\\ No newline at end of file\n"
         lines.append(line)
     return "".join(lines)
-
-
-def write_atomic(path: str | Path, data: bytes, mode: int | None = None,
-                 before_replace: Callable[[], None] | None = None) -> None:
-    """Write via a temp file in the same directory, fsync, then rename over `path`.
-
-    At every moment `path` holds either the old or the new content in full. `mode`:
-    permission bits for the new file (default: the existing file's, else 0o644 under
-    the umask). A symlink is followed: its target is replaced, the link kept."""
-    target = Path(os.path.realpath(path))
-    if mode is None:
-        try:
-            mode = stat.S_IMODE(target.stat().st_mode)
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        if before_replace is not None:
-            before_replace()
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(target.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories
-    finally:
-        os.close(fd)

@@ -60,7 +60,7 @@ from localspec.core.config import GenerationConfig
 from localspec.core.runtime import make_drafter, open_runtime
 from localspec.edit import rewrite
 from localspec.models import paths
-from localspec.models.prefix_cache import PrefixCache, warm_prefix
+from localspec.models.prefix_store import PrefixStore, warm_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_FILES = {"edit": (ROOT / "localspec" / "workloads" / "edit" / "tasks.jsonl", wl.WORKLOADS_DIR),
@@ -207,7 +207,7 @@ class Server:
 # ----- localspec on the same tokens ---------------------------------------------------------
 
 
-def run_localspec(rt, prep: wl.Prepared, spec, sampling, draft, cache: PrefixCache) -> Gen:
+def run_localspec(rt, prep: wl.Prepared, spec, sampling, draft, cache: PrefixStore) -> Gen:
     """One `localspec edit` generation: the prefix restored (both runs start from the
     same KV values), then rewrite() to the closing fence; decode figures only."""
     rt.target.rewind(0)
@@ -337,7 +337,7 @@ def main() -> None:
                       f"localspec default: {spec}")
         run_servers(exe, rt, settings, args, preps, rows, console)
         with tempfile.TemporaryDirectory() as tmp:
-            cache = PrefixCache(Path(tmp), cap=1 << 40, min_tokens=1)
+            cache = PrefixStore(Path(tmp), cap=1 << 40, min_tokens=1)
             for p, row in zip(preps, rows):
                 for label, sp in (("plain", plain_spec), ("default", spec)):
                     draft = rt.draft if sp.mode in ("model", "hybrid", "auto") else None

@@ -143,12 +143,12 @@ def main() -> int:
     else:
         from localspec import models
         from localspec.core.backend import Model, default_threads
-        from localspec.models.profile import load_profile
+        from localspec.core.runtime import find_profile
 
         threads = default_threads()  # as `localspec tune` measures by default
         t = Model(ModelConfig(str(models.resolve(args.model)), n_ctx=64, n_threads=threads))
         d = Model(ModelConfig(str(models.resolve(args.draft, role="draft")), n_ctx=64, n_threads=threads))
-        profile = load_profile(t, d)
+        profile = find_profile(t, d)
         if profile is None:
             print("no profile for the default pair: run `localspec tune` or pass --profile", file=sys.stderr)
             return 2

@@ -12,8 +12,15 @@ OTHER_VOCAB = "gemma3-270m"
 
 @pytest.fixture(autouse=True)
 def _user_home(tmp_path, monkeypatch):
-    """Logs, profiles and caches of the tool go to a temp dir in every test."""
+    """Logs, profiles and caches of the tool go to a temp dir in every test, and other
+    tools' model stores (hub cache, llama.cpp cache, Ollama, LM Studio under HOME) are
+    empty ones: a developer's own models must not change what `--draft auto` picks."""
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    stores = tmp_path / "stores"
+    monkeypatch.setenv("HOME", str(stores / "user"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(stores / "hf"))
+    monkeypatch.setenv("LLAMA_CACHE", str(stores / "llama.cpp"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(stores / "ollama"))
     monkeypatch.setenv("LOCALSPEC_NO_LOG", "0")
 
 

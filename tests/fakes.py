@@ -1,11 +1,13 @@
-"""Test doubles and statistics helpers shared by the pure (no llama.cpp) tests.
+"""Test doubles and statistics helpers shared by the pure (no model loaded) tests.
 
 FakeModel implements the part of `localspec.core.backend.Model` that the engine and the
-model drafter use: n_ctx, n_vocab, n_past, cached, llama_s, prefill, decode, rewind,
-is_eog and detokenizer. Its logits come from a deterministic function of the context,
-so the "true" continuation of any context is known to the tests. It keeps real KV
-bookkeeping (`cached`) plus the simulated KV cells (`cells`), which can run ahead of
-`cached` when a decode is interrupted, exactly like llama.cpp's cache can.
+model drafter use on sequence 0: n_ctx, n_ctx_seq, n_vocab, n_past, cached, llama_s,
+decode, rewind, is_eog and detokenizer; prefill and common_prefix are the backend's own
+(PrefixCache), so the engine tests exercise the real prefix reuse. Its logits come from
+a deterministic function of the context, so the "true" continuation of any context is
+known to the tests. It keeps real KV bookkeeping (`cached`) plus the simulated KV cells
+(`cells`), which can run ahead of `cached` when a decode is interrupted, exactly like
+llama.cpp's cache can.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from localspec.core.backend import PrefixCache
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.errors import ContextFull
 
@@ -108,7 +111,7 @@ class Interrupted(Exception):
     """Raised by FakeModel.decode to simulate Ctrl-C in the middle of llama_decode."""
 
 
-class FakeModel:
+class FakeModel(PrefixCache):
     """A deterministic stand-in for backend.Model.
 
     logits_fn(context) -> (n_vocab,) logits for the token after `context`. The default
@@ -135,6 +138,7 @@ class FakeModel:
         self.llama_s = 0.0
         self.calls: list[tuple[str, int]] = []  # ("prefill"|"decode", batch size)
         self.interrupt_on_decode: int | None = None  # raise Interrupted on this decode call
+        self._call_kind = "decode"  # "prefill" while the backend's prefill decodes
 
     # --- reference ---------------------------------------------------------------
 
@@ -166,14 +170,15 @@ class FakeModel:
         return len(self.cached)
 
     @property
+    def n_ctx_seq(self) -> int:
+        return self.n_ctx  # one sequence has the whole context
+
+    @property
     def decode_sizes(self) -> list[int]:
         return [n for kind, n in self.calls if kind == "decode"]
 
     def decode(self, tokens: Sequence[int], logits: str | Sequence[int] = "last") -> np.ndarray:
-        self.calls.append(("decode", len(tokens)))
-        return self._decode(tokens, logits)
-
-    def _decode(self, tokens: Sequence[int], logits: str | Sequence[int]) -> np.ndarray:
+        self.calls.append((self._call_kind, len(tokens)))
         tokens = [int(t) for t in tokens]
         n = len(tokens)
         if n == 0:
@@ -197,24 +202,23 @@ class FakeModel:
         out = np.stack([np.asarray(self.logits_fn(ctx[: base + r + 1]), dtype=np.float32) for r in rows])
         return out
 
-    def rewind(self, n_past: int, force: bool = False) -> None:
+    def rewind(self, n_past: int, force: bool = False, *, seq: int = 0) -> None:
+        assert seq == 0, "the fake holds one sequence"
         if n_past < self.n_past or force:
             del self.cells[n_past:]
             del self.cached[n_past:]
 
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.cached, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
-
     def prefill(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
-        keep = min(self.common_prefix(tokens), len(tokens) - 1)
-        self.rewind(keep)
-        self.calls.append(("prefill", len(tokens) - keep))
-        return self._decode(tokens[keep:], "last")[0], len(tokens) - keep
+        """The backend's prefill; its decode is recorded as ("prefill", tokens decoded)."""
+        self._call_kind = "prefill"
+        try:
+            out = super().prefill(tokens)
+        finally:
+            self._call_kind = "decode"
+        # its contract: the cache now holds exactly `tokens` (a kept stale cell would
+        # not show in the output of a lossless engine, only in what drafts are based on)
+        assert self.cached == list(tokens), "prefill left the cache holding other tokens"
+        return out
 
 
 # ----- drafters ---------------------------------------------------------------------

@@ -169,10 +169,19 @@ def test_auto_scores_deep_positions_it_never_drafted():
 
 
 def test_auto_uses_real_ngram_drafter():
+    # the fake's continuation repeats every 4 tokens, so once it has, every n-gram match
+    # is right: auto (no profile: prior costs) must learn that and draft the matches
     model = FakeModel()
-    auto = AutoDrafter(NgramDrafter(1, 4), None, None, k_max=16)
+    auto = AutoDrafter(NgramDrafter(1, 4), None, None, k_max=16, learn_costs=False)
     stats = _run(model, auto)
-    assert sum(row["rounds"] for row in stats.policy.values()) == stats.rounds
+    policy = stats.policy
+    assert sum(row["rounds"] for row in policy.values()) == stats.rounds
+    assert {key.split(":")[0] for key in policy} == {"ngram", "none"}
+    assert policy["none:0"]["rounds"] < 0.25 * stats.rounds  # plain only until it learned
+    assert stats.acceptance > 0.9 and stats.tokens_per_round > 3
+    # and it knew what it would get: expected tokens per round close to the realised ones
+    main = max(policy.values(), key=lambda row: row["rounds"])
+    assert main["rounds"] > stats.rounds / 2 and abs(main["expected"] / main["realised"] - 1) < 0.2
 
 
 class _CountingModelDrafter(DrafterBase):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -62,7 +61,7 @@ def test_bad_input_is_one_line_and_exit_2(smol_path, tmp_path):
     proc = chat("-m", smol_path, "--session", str(bad), stdin="hi\n", timeout=60)
     assert proc.returncode == 2 and "not valid JSON" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = chat("-m", smol_path, "--spec", "model", stdin="hi\n", timeout=60)
+    proc = chat("-m", smol_path, "--spec", "model", "--draft", "none", stdin="hi\n", timeout=60)
     assert proc.returncode == 2 and "needs a draft model" in proc.stderr
 
 
@@ -89,24 +88,14 @@ def test_ctrl_c_stops_the_reply_and_the_repl_goes_on(smol_path):
     assert (first + out).strip()
 
 
-def test_default_draft_only_for_the_default_target(smol_path):
-    from localspec.commands.chat import _with_default_draft
-    from localspec.commands.options import LoadOptions
-    from localspec.models import load_manifest
-
-    def opts(model, draft=None):
-        return LoadOptions(model=model, draft=draft, n_ctx=512, n_threads=None,
-                           n_gpu_layers=0, n_gpu_layers_draft=0)
-
-    manifest = load_manifest()
-    assert _with_default_draft(opts(smol_path)).draft == "none"  # another vocabulary
-    assert _with_default_draft(opts(smol_path, smol_path)).draft == smol_path
-    chosen = _with_default_draft(opts(None)).draft
-    target_file = os.path.join("models", manifest.find(manifest.default_target).filename)
-    # the default pair when the draft is present; n-grams (with a notice) when it is not
-    assert chosen in (manifest.default_draft, "none")
-    assert _with_default_draft(opts(manifest.default_target)).draft == chosen
-    assert _with_default_draft(opts(target_file)).draft == chosen
+def test_chat_drafts_with_auto_by_default(smol_path):
+    """No --draft: the best compatible model on disk (for SmolLM2, itself), said on stderr;
+    --draft none loads no draft model."""
+    proc = chat("-m", smol_path, "-n", "8", "--no-log", stdin="hi\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "draft: smollm2-135m (auto:" in proc.stderr and proc.stdout.strip()
+    proc = chat("-m", smol_path, "-n", "8", "--no-log", "--draft", "none", stdin="hi\n")
+    assert proc.returncode == 0 and "draft:" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("args", [["--help"]])

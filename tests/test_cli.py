@@ -27,17 +27,27 @@ def test_version_and_python_m():
     assert proc.returncode == 0 and "localspec" in proc.stdout
 
 
-@pytest.mark.parametrize("command", ["run", "models", "pull"])
+# every command, with text only its own help has (an option, else its docstring)
+COMMAND_HELP = {
+    "run": "--raw", "edit": "--instruction", "chat": "--session", "serve": "--parallel",
+    "bench": "--vcurve", "tune": "Measure decode cost", "stats": "--since",
+    "models": "List known models", "pull": "--force", "doctor": "what this llama.cpp build",
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_HELP))
 def test_help_on_every_command(command):
     proc = cli(command, "--help", timeout=60)
-    assert proc.returncode == 0 and "Usage:" in proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"Usage: localspec {command} [OPTIONS]")
+    assert COMMAND_HELP[command] in proc.stdout
 
 
 def test_top_level_help_lists_commands():
     proc = cli("--help", timeout=60)
     assert proc.returncode == 0
-    for name in ("run", "models", "pull"):
-        assert name in proc.stdout
+    listed = proc.stdout.split("\nCommands:\n", 1)[1].splitlines()
+    assert sorted(line.split()[0] for line in listed if line.strip()) == sorted(COMMAND_HELP)
 
 
 def test_run_through_a_real_pipe(smol_path):
@@ -113,20 +123,30 @@ def test_bad_option_value_exit_2():
 
 
 def test_spec_model_without_draft_exit_2(smol_path):
-    proc = cli("run", "-m", smol_path, "--spec", "model", "hi", timeout=60)
+    proc = cli("run", "-m", smol_path, "--spec", "model", "--draft", "none", "hi", timeout=60)
     assert proc.returncode == 2 and "--draft" in proc.stderr
 
 
 def test_stop_string_not_printed(smol_path):
-    proc = cli("run", "--raw", "-m", smol_path, "-n", "60", "-q", "--stop", "3",
-               "Count: 1, 2,")
+    args = ("run", "--raw", "-m", smol_path, "-n", "12", "-t", "1", "-q")
+    plain = cli(*args, "Count: 1, 2,")
+    assert plain.returncode == 0, plain.stderr
+    cut = plain.stdout.find("5, 6")  # a stop string of several tokens, inside the reply
+    assert cut > 0, plain.stdout
+    proc = cli(*args, "--stop", "5, 6", "Count: 1, 2,")
     assert proc.returncode == 0, proc.stderr
-    assert "3" not in proc.stdout
+    # everything before the stop string, none of it or what follows
+    assert proc.stdout.rstrip("\n") == plain.stdout[:cut] and "4" in proc.stdout
 
 
 def test_llama_cpp_flag_aliases(smol_path):
-    proc = cli("run", "--raw", "-m", smol_path, "-n", "8", "--spec-draft-n-max", "4",
-               "--draft-min", "1", "--stats", "json", "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,")
+    # n-gram drafts of a repeating list: up to 16 tokens long without --spec-draft-n-max,
+    # and the short draft at the end (3 tokens left) is verified without --spec-draft-n-min
+    proc = cli("run", "--raw", "-m", smol_path, "-n", "15", "-t", "1", "--spec", "ngram", "--fixed-k",
+               "--spec-draft-n-max", "4", "--spec-draft-n-min", "4", "--stats", "json",
+               "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,")
     assert proc.returncode == 0, proc.stderr
     stats = json.loads(proc.stderr.strip().splitlines()[-1])
-    assert len(stats["drafted_by_pos"]) <= 4
+    drafted = stats["drafted_by_pos"]
+    assert len(drafted) == 4 and drafted[0] > 0  # at most 4 drafted, and 4 were
+    assert drafted[-1] == drafted[0]  # every verified draft was 4 long: none shorter

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,41 +22,62 @@ from localspec.commands.doctor import (
     placement_warnings,
 )
 from localspec.commands.options import load_options, model_options
-from localspec.core.backend import has_amx, supports_gpu_offload
+from localspec.core.backend import supports_gpu_offload
 from localspec.core.runtime import open_runtime
 
 LOCALSPEC = shutil.which("localspec")
 CPU_BUILD = not supports_gpu_offload()
 
 
-def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: int = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [LOCALSPEC] if LOCALSPEC else [sys.executable, "-m", "localspec"]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ})
+                          env={**os.environ, **(env or {})})
+
+
+_LOAD = "load_tensors: loading model tensors"
+_ASKED = re.compile(r"load_tensors: offloaded (\d+)/(\d+) layers")
+_LAYER = re.compile(r"load_tensors: layer +(\d+) assigned to device (\S+),")
+
+
+def llama_loads(log: str) -> list[tuple[int, int, dict[int, str]]]:
+    """llama.cpp's own account of each model load in a `localspec -v` log: (layers it was
+    asked to offload, layers in all, {layer: device it put the layer on})."""
+    loads = []
+    for chunk in log.split(_LOAD)[1:]:
+        asked = _ASKED.search(chunk)
+        assert asked, "llama.cpp's load log changed: no 'offloaded N/M layers' line"
+        loads.append((int(asked[1]), int(asked[2]), {int(i): d for i, d in _LAYER.findall(chunk)}))
+    return loads
+
+
+def off_cpu(layers: dict[int, str]) -> list[int]:
+    return sorted(i for i, dev in layers.items() if dev != "CPU")
 
 
 # ----- doctor through the real console entry point -----------------------------------
 
 
 def test_doctor_names_cpu_backend_and_amx_state():
-    proc = cli("doctor")
+    # LOCALSPEC_EXTRA_BUFTS=0 forces the AMX workaround on, whatever this CPU is
+    proc = cli("doctor", env={"LOCALSPEC_EXTRA_BUFTS": "0"})
     assert proc.returncode == 0, proc.stderr
     lines = {line.split(None, 1)[0].lower(): line for line in proc.stdout.splitlines() if line.strip()}
     assert "CPU" in lines["backends"].split(None, 1)[1].split(", ")
-    state = "on" if has_amx() else "off"
-    assert f"AMX workaround     {state}" in proc.stdout
+    assert "AMX workaround     on (LOCALSPEC_EXTRA_BUFTS=0)" in proc.stdout
     assert ("GPU offload        yes" in proc.stdout) == supports_gpu_offload()
     assert "llama-cpp-python   0.3.36" in proc.stdout
     assert "llama" not in proc.stderr.lower()  # llama.cpp's log stays quiet
 
 
 def test_doctor_json_parses_and_agrees_with_backend():
-    proc = cli("doctor", "--json")
+    proc = cli("doctor", "--json", env={"LOCALSPEC_EXTRA_BUFTS": "1"})  # workaround forced off
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert "CPU" in report["backends"]
     assert any(d["type"] == "cpu" and d["backend"] == "CPU" for d in report["devices"])
-    assert report["amx"]["workaround"] == has_amx()
+    assert report["amx"]["workaround"] is False
+    assert report["amx"]["reason"] == "LOCALSPEC_EXTRA_BUFTS=1"
     assert report["gpu_offload"] == supports_gpu_offload()
     assert report["threads"]["default"] >= 1
     assert "CPU" in report["system_info_parsed"]
@@ -65,15 +87,24 @@ def test_doctor_json_parses_and_agrees_with_backend():
 
 
 def test_doctor_with_models_reports_placement(smol_path):
-    proc = cli("doctor", "--json", "-m", smol_path, "--draft", smol_path, "-c", "256", "-t", "1")
-    assert proc.returncode == 0, proc.stderr
+    """The placement doctor reports is the one llama.cpp logs (-v) while loading."""
+    proc = cli("-v", "doctor", "--json", "-m", smol_path, "--draft", smol_path, "-ngld", "2",
+               "-c", "256", "-t", "1", env={"LOCALSPEC_EXTRA_BUFTS": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     target, draft = report["models"]
     assert (target["role"], draft["role"]) == ("target", "draft")
     assert target["layers_total"] == target["n_layer"] + 1 > 1  # the output layer counts too
     assert target["n_threads"] == 1 and target["n_ctx"] == 256
-    assert target["amx_workaround"] == has_amx()
+    assert target["amx_workaround"] is True and draft["amx_workaround"] is True  # forced on
+    assert "CPU_REPACK" not in proc.stderr  # llama.cpp got no extra buffer types
     assert report["pair"] == {"compatible": True, "error": None}
+    loads = llama_loads(proc.stderr)
+    assert len(loads) == 2
+    for model, (_, total, layers) in zip((target, draft), loads):
+        assert total == model["layers_total"] and sorted(layers) == list(range(total))
+        assert model["layers_offloaded"] == len(off_cpu(layers))
+    assert loads[1][0] == 2 and draft["n_gpu_layers_requested"] == 2
     if CPU_BUILD:
         assert target["n_gpu_layers"] == 0 and target["layers_offloaded"] == 0
         assert target["devices"] == ["CPU"] and "on CPU" in target["placement"]
@@ -91,6 +122,14 @@ def test_doctor_reports_incompatible_pair_without_failing(smol_path, gemma_path)
 def test_doctor_missing_model_is_a_usage_error():
     proc = cli("doctor", "-m", "no-such-model.gguf")
     assert proc.returncode == 2 and "no such model file" in proc.stderr
+
+
+def test_runtime_does_not_depend_on_the_command_line():
+    # data flows commands -> runtime: the runtime (LoadOptions included) imports no click
+    code = ("import sys, localspec.core.runtime; "
+            "print([m for m in sys.modules if m == 'click' or m.startswith('localspec.commands')])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
 
 
 # ----- pure parts of the report --------------------------------------------------------
@@ -173,14 +212,20 @@ def test_bad_offload_value_is_a_usage_error():
     assert result.exit_code == 2 and "-ngl" in result.output
 
 
-def test_offload_reaches_model_config_and_backend(smol_path):
-    opts = _parse(["-m", smol_path, "--draft", smol_path, "-ngl", "7", "-ngld", "3", "-c", "256"])
-    with open_runtime(opts, want_draft=True) as rt:
-        assert rt.target.cfg.n_gpu_layers == 7 and rt.draft.cfg.n_gpu_layers == 3
-        # an explicit count is handed to llama.cpp as is (a CPU build ignores it)
-        assert rt.target.info.n_gpu_layers == 7 and rt.draft.info.n_gpu_layers == 3
-        rows = rt.target.decode(rt.target.tokenize("offload check"), "last")
-        assert rows.shape == (1, rt.target.n_vocab)
+def test_offload_reaches_llama_cpp(smol_path):
+    """-ngl/-ngld through `run` (click -> LoadOptions -> open_runtime -> Model): llama.cpp's
+    own load log says how many layers it was asked to offload and where each layer went.
+    An explicit count is handed over as is; llama.cpp offloads the last layers, and a
+    CPU-only build keeps every layer on the CPU."""
+    proc = cli("-v", "run", "--raw", "-m", smol_path, "--draft", smol_path, "--spec", "model",
+               "-ngl", "7", "-ngld", "3", "-c", "256", "-n", "4", "-q", "1, 2, 3, 4,")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip()  # both models loaded and generated
+    (t_asked, total, target), (d_asked, d_total, draft) = llama_loads(proc.stderr)
+    assert (t_asked, d_asked) == (7, 3)
+    assert sorted(target) == list(range(total)) and sorted(draft) == list(range(d_total))
+    for layers, n, m in ((target, 7, total), (draft, 3, d_total)):
+        assert off_cpu(layers) == ([] if CPU_BUILD else list(range(m - n, m)))
 
 
 def test_default_offload_on_this_build(smol_path):

@@ -621,3 +621,45 @@ def test_sampled_mode_is_reproducible_with_a_seed():
                            sampling=sampling, gen=GenerationConfig(max_tokens=30))
         outs.append(ids)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("nth", [0, 1, 3])  # 0: the draft model's prefill; then drafting
+def test_interrupted_draft_decode_repairs_the_draft_model(nth):
+    model = FakeModel(next_fn=mixed_next)
+    draft_model = FakeModel(next_fn=mixed_next)
+    draft_model.interrupt_on_decode = nth
+    with pytest.raises(Interrupted):
+        run(model, ModelDrafter(draft_model, SamplingConfig()), spec=SpecConfig(mode="model"),
+            gen=GenerationConfig(max_tokens=100), draft_model=draft_model)
+    assert draft_model.interrupt_on_decode is None  # it did fire
+    assert draft_model.cells == draft_model.cached
+    assert model.cells == model.cached
+    # the draft model serves the next generation (its decode checks cells == record)
+    _, ids, _, stats = run(model, ModelDrafter(draft_model, SamplingConfig()), spec=SpecConfig(mode="model"),
+                           gen=GenerationConfig(max_tokens=30), draft_model=draft_model)
+    assert ids == model.continuation(PROMPT, 30) and stats.accepted > 0
+
+
+def test_auto_chooses_k_without_adaptive_cap():
+    # auto's policy picks k itself, up to draft_max: AdaptiveK must neither start it at
+    # 8 nor shrink it after rejections, whatever SpecConfig.adaptive says
+    class Asked(DrafterBase):
+        name = "auto"
+
+        def __init__(self):
+            self.ks = []
+
+        def begin(self, prompt):
+            pass
+
+        def draft(self, context, k):
+            self.ks.append(k)
+            return Draft(tokens=[(t + 1) % model.n_vocab for t in model.continuation(context, k)],
+                         source="ngram")
+
+    for adaptive in (True, False):
+        model = FakeModel()
+        asked = Asked()
+        run(model, asked, spec=SpecConfig(mode="auto", draft_max=16, adaptive=adaptive),
+            gen=GenerationConfig(max_tokens=40))
+        assert asked.ks[:20] == [16] * 20  # every round rejected, k still draft_max

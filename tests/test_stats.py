@@ -181,11 +181,13 @@ def test_sparkline_and_buckets():
     assert len(stats_cmd.buckets(list(range(100)), 12)) == 12
 
 
-def test_percentile_matches_numpy():
-    np = pytest.importorskip("numpy")
-    xs = noisy(0.5, 17, sd=0.2)
-    for q in (0, 10, 50, 90, 100):
-        assert stats_cmd.percentile(xs, q) == pytest.approx(np.percentile(xs, q))
+def test_percentile_interpolates_between_ranks():
+    xs = [0.9, 0.1, 0.5, 0.3]  # sorted: 0.1 0.3 0.5 0.9; rank (n - 1) * q / 100
+    assert stats_cmd.percentile(xs, 0) == pytest.approx(0.1)
+    assert stats_cmd.percentile(xs, 10) == pytest.approx(0.1 + 0.3 * 0.2)
+    assert stats_cmd.percentile(xs, 50) == pytest.approx(0.4)
+    assert stats_cmd.percentile(xs, 90) == pytest.approx(0.5 + 0.7 * 0.4)
+    assert stats_cmd.percentile(xs, 100) == pytest.approx(0.9)
     assert stats_cmd.percentile([], 10) is None
 
 

@@ -4,10 +4,13 @@ serve find it, and `--spec auto` runs with it."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from test_cli import cli
 
 from localspec.models import paths
+from localspec.models.profile import Profile, Setup, load_profile, save_profile
 
 
 def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):
@@ -36,3 +39,39 @@ def test_tune_text_report_names_the_policy(smol_path):
     proc = cli("tune", "-m", smol_path, "-md", "none", "-t", "1", timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "V(n)" in proc.stdout and "policy that follows" in proc.stdout and "saved" in proc.stdout
+
+
+# ----- profiles without a model ---------------------------------------------------------
+
+
+def _profile(setup: Setup, draft: str | None = None) -> Profile:
+    return Profile(key=setup.key, target="t.gguf", draft=draft, device=setup.device,
+                   n_threads=setup.n_threads, n_gpu_layers=setup.n_gpu_layers, t_token_s=0.1,
+                   vcurve=[1.0, 1.5], prefill_tok_s=100.0, draft_t_token_s=0.05 if draft else None)
+
+
+def test_profile_keys_are_those_earlier_versions_stored():
+    # sha256("target id|draft id or -|device|threads|gpu layers")[:16]: a profile saved by
+    # an earlier `localspec tune` keeps being found
+    assert Setup("m.gguf:10", None, "cpu", 2, 0).key == "8c316150411a1c6a"
+    with_draft = Setup("m.gguf:10", "d.gguf:5", "cpu", 2, 0)
+    assert with_draft.key != with_draft.alone().key == "8c316150411a1c6a"
+
+
+def test_a_pair_falls_back_to_the_targets_own_profile():
+    pair = Setup("t.gguf:10", "d.gguf:5", "cpu", 2, 0)
+    assert load_profile(pair) is None
+    save_profile(_profile(pair.alone()))
+    assert load_profile(pair).draft is None  # V(n) is the target's: usable for the pair
+    path = save_profile(_profile(pair, draft="d.gguf"))
+    assert load_profile(pair).draft == "d.gguf" and load_profile(pair.alone()).draft is None
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted(
+        [f"{pair.key}.json", f"{pair.alone().key}.json"])  # written whole, no temp files left
+    assert load_profile(Setup("t.gguf:10", None, "cpu", 4, 0)) is None  # other threads: not ours
+
+
+def test_the_auto_drafter_loads_no_model_code():
+    code = ("import sys, localspec.core.drafters.auto, localspec.models.profile; "
+            "print([m for m in ('llama_cpp', 'localspec.core.backend') if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localspec import __version__
+from localspec import __version__, models
 from localspec.core.config import SamplingConfig, SpecConfig
 from localspec.models import paths
 
@@ -233,8 +233,8 @@ def insert_many(rows: list[dict], path: Path | str | None = None) -> None:
 
 def model_identity(path: Path | str) -> dict:
     """name, file, size, sha256, identity kind and mtime of a model file. Uses
-    models.file_identity (manifest sha256 or a quick hash) when available, else
-    name + size + mtime; a path that is not a file gives its name only."""
+    models.file_identity (manifest sha256 or a quick hash), else name + size + mtime
+    when that fails; a path that is not a file gives its name only."""
     p = Path(path)
     try:
         st = p.stat()
@@ -244,23 +244,13 @@ def model_identity(path: Path | str) -> dict:
     if key not in _identities:
         ident = {"name": _display_name(p.name, None), "file": p.name, "size": st.st_size,
                  "sha256": None, "identity": "stat", "mtime": st.st_mtime}  # fmt: skip
-        file_identity = _file_identity_fn()
-        if file_identity is not None:
-            with suppress(Exception):  # unreadable, odd manifest: keep the stat identity
-                full = file_identity(p)
-                ident |= {"name": _display_name(p.name, full.get("manifest_name")),
-                          "sha256": full.get("sha256"),
-                          "identity": full.get("sha256_kind") or "quick"}  # fmt: skip
+        with suppress(Exception):  # unreadable, odd manifest: keep the stat identity
+            full = models.file_identity(p)
+            ident |= {"name": _display_name(p.name, full.get("manifest_name")),
+                      "sha256": full.get("sha256"),
+                      "identity": full.get("sha256_kind") or "quick"}  # fmt: skip
         _identities[key] = ident
     return dict(_identities[key])
-
-
-def _file_identity_fn() -> Callable[[Path], dict] | None:
-    try:
-        from localspec.models import file_identity
-    except ImportError:
-        return None
-    return file_identity
 
 
 def _display_name(filename: str, manifest_name: str | None) -> str:

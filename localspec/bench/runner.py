@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from localspec.acceptance import logdb
 from localspec.bench.results import Result, Run, Variant, Verdict
 from localspec.bench.vcurve import VCurve
 from localspec.bench.workloads import Prepared, Workload, prepare
@@ -34,7 +35,7 @@ from localspec.core.runtime import Runtime, make_drafter
 if TYPE_CHECKING:
     from localspec.bench.peer import LlamaCppPythonPeer
     from localspec.core.backend import Model
-    from localspec.models.prefix_cache import PrefixCache
+    from localspec.models.prefix_store import PrefixStore
 
 __all__ = ["NEAR_TIE", "Result", "Run", "Settings", "Variant", "Verdict", "compare",
            "run_engine", "run_peer", "run_workload"]
@@ -93,10 +94,10 @@ def edit_matching(spec: SpecConfig) -> SpecConfig:
 
 
 def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload,
-               settings: Settings, progress: Progress, cache: PrefixCache | None = None) -> Run:
+               settings: Settings, progress: Progress, cache: PrefixStore | None = None) -> Run:
     """One localspec generation; logged to the acceptance log as command "bench". With a
     `cache`, an edit task's prefix is restored from it (timed, as the first token's)."""
-    from localspec.models.prefix_cache import warm_prefix
+    from localspec.models.prefix_store import warm_prefix
 
     spec = variant.spec or SpecConfig(mode="none")
     if workload.is_edit and spec.mode in ("ngram", "hybrid", "auto"):
@@ -141,11 +142,7 @@ def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload
 
 def _log(rt: Runtime, stats: GenerationStats, spec: SpecConfig, workload: Workload,
          draft: Model | None, settings: Settings) -> None:
-    try:
-        from localspec.acceptance.logdb import log_generation
-    except ImportError:  # the acceptance log is optional
-        return
-    log_generation("bench", stats, target=rt.target.path, draft=draft.path if draft else None,
+    logdb.log_generation("bench", stats, target=rt.target.path, draft=draft.path if draft else None,
                    spec=spec, sampling=GREEDY, tag=workload.tag, enabled=settings.log)
 
 
@@ -232,11 +229,11 @@ def run_workload(rt: Runtime, workload: Workload, variants: Sequence[Variant], s
     return results
 
 
-def _primed_cache(target: Model, prep: Prepared) -> PrefixCache:
+def _primed_cache(target: Model, prep: Prepared) -> PrefixStore:
     """The prefix cache, holding this task's prefix (stored now, untimed, when absent)."""
-    from localspec.models.prefix_cache import PrefixCache, warm_prefix
+    from localspec.models.prefix_store import PrefixStore, warm_prefix
 
-    cache = PrefixCache()
+    cache = PrefixStore()
     target.rewind(0)
     warm_prefix(target, prep.tokens[: prep.n_prefix], cache)
     return cache

@@ -25,21 +25,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import click
 
-from localspec.commands.options import LoadOptions
 from localspec.core.config import (
     GenerationConfig,
-    ModelConfig,
+    LoadOptions,
     SamplingConfig,
     SpecConfig,
 )
 
 MODES = ("off", "on", "rule")
-PER_SLOT_CTX = 2048
 GREEDY = SamplingConfig(temperature=0.0)
 
 
@@ -90,22 +88,20 @@ def run_serve_bench(
     """Measure serving throughput at each concurrency with speculation off, on and under
     the threshold rule (n-gram drafting, greedy). Loads its own copy of the target with
     max(concurrency) sequences. Returns a JSON-ready dict: runs, crossover, rule check."""
-    from localspec import models
     from localspec.bench import workloads as wl
-    from localspec.commands.serve import _spec_threshold
-    from localspec.core.backend import Model
+    from localspec.core.runtime import find_profile, open_runtime
+    from localspec.serve.policy import default_n_ctx, spec_threshold
 
     say = progress or (lambda line: None)
     spec = spec or SpecConfig(mode="ngram", draft_max=16)
     max_c = max(concurrency)
-    path = models.resolve(opts.model if opts else None, role="target")
-    target = Model(ModelConfig(
-        path=str(path), n_ctx=PER_SLOT_CTX * max_c, n_seq_max=max_c,
-        n_threads=opts.n_threads if opts else None, n_gpu_layers=opts.n_gpu_layers if opts else -1,
-        verbose=opts.verbose if opts else False,
-    ))
-    try:
-        limit, source = _spec_threshold(threshold, target)
+    opts = opts or LoadOptions(model=None, draft=None, n_ctx=0, n_threads=None, n_gpu_layers=-1,
+                               n_gpu_layers_draft=0)
+    # the context `localspec serve --parallel max_c` allocates by default
+    opts = replace(opts, draft=None, n_ctx=default_n_ctx(max_c))
+    with open_runtime(opts, want_draft=False, n_seq_max=max_c) as rt:
+        target = rt.target
+        limit, source = spec_threshold(threshold, find_profile(target) if threshold is None else None)
         items = wl.select(wl.builtin(), [t for t in tags], 0 if names else per_tag)
         if names:
             items = [w for w in items if w.name in names]
@@ -127,8 +123,6 @@ def run_serve_bench(
                 runs.append(run)
                 say(_run_line(run))
         return _summary(runs, target, limit, source, n_predict, names, spec)
-    finally:
-        target.close()
 
 
 def _limit_for(mode: str, rule_limit: int | None) -> int | None:
@@ -190,16 +184,20 @@ def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: Spe
         run.wall_s = time.perf_counter() - t0
     finally:
         sched.stop()
-    m = sched.metrics
+    _rates(run, sched.metrics, latencies, ttfts)
+    return run
+
+
+def _rates(run: Run, m: Any, latencies: list[float], ttfts: list[float]) -> None:
+    """Fill in the run's rates from its counts, the scheduler's metrics and the times."""
     run.spec_steps = m.spec_steps / m.steps if m.steps else 0.0
     run.tok_s = run.tokens / run.wall_s if run.wall_s else 0.0
     run.latency_mean_s = statistics.fmean(latencies)
     run.latency_max_s = max(latencies)
     run.ttft_mean_s = statistics.fmean(ttfts)
-    steps, seconds, tokens = m.batch_throughput(c)
+    steps, seconds, tokens = m.batch_throughput(run.concurrency)
     run.decode_tok_s = tokens / seconds if steps and seconds else None
     run.decode_steps = steps
-    return run
 
 
 def _summary(runs: list[Run], target: Any, limit: int | None, source: str, n_predict: int,

@@ -5,15 +5,14 @@ built through a `Renderer` (the target's chat template and tokenizer)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from localspec.core.errors import ContextFull, UsageError
+from localspec.files import write_atomic
 
 FORMAT = "localspec-chat"
 VERSION = 1
@@ -193,7 +192,8 @@ class Conversation:
             data = self.to_markdown()
         else:
             data = json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
-        _write_atomic(path, data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, data)
         return path
 
     @classmethod
@@ -218,15 +218,3 @@ _CONTEXT_START = "<!-- localspec:context-start -->\n"
 def _md_section(role: str, content: str) -> str:
     # the HTML comment is invisible when rendered and makes the file parseable again
     return f"<!-- localspec:{role} -->\n### {role.capitalize()}\n\n{content}\n\n"
-
-
-def _write_atomic(path: Path, data: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

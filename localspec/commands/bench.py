@@ -10,29 +10,25 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import click
 
-from localspec.commands.options import (
-    SPEC_CHOICES,
-    load_options,
-    model_options,
-    spec_config,
-)
+from localspec.bench import serve_bench
+from localspec.bench.peer import PEERS
+from localspec.commands.options import load_options, model_options, spec_config
+from localspec.core.config import SPEC_MODES
 from localspec.core.errors import UsageError
 
 DEFAULT_MODES = "none,ngram,model,hybrid"
 NEEDS_DRAFT = ("model", "hybrid")
-PEERS = ("llama-cpp-python",)  # localspec.bench.peer.PEERS, without importing it at start-up
 QUICK = {"per_tag": 1, "n_predict": 48, "edit_n": 160, "vcurve_max": 8}
 
 
 @click.command()
 @model_options(default_draft=True)
 @click.option("--modes", default=DEFAULT_MODES, show_default=True,
-              help=f"comma-separated drafting modes to compare ({', '.join(SPEC_CHOICES)}); "
+              help=f"comma-separated drafting modes to compare ({', '.join(SPEC_MODES)}); "
                    "none is always run, as the baseline")
 @click.option("--k", "ks", default="16", show_default=True,
               help="draft lengths to sweep (the --draft-max of each variant), e.g. 4,8,16")
@@ -103,7 +99,6 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
     # everything that can fail on user input fails here, before a model loads
     if plot_path:
         report.check_plot()
-    serve_bench = _serve_bench() if serve else None
     serve_cs = _parse_ks(concurrency, "--concurrency", 1, 256) if concurrency else None
     items = wl.name_workloads(wl.load_jsonl(prompts_file)) if prompts_file else wl.builtin()
     items = wl.select(items, _words(tags), per_tag)
@@ -119,12 +114,8 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
 
     results, vc, meta, title = _run(opts, items, variants, settings,
                                     vcurve_max if vcurve else 0, peer, k_list)
-    serve_out = None
-    if serve_bench is not None:  # after our models are freed: it loads its own target
-        serve_out = serve_bench.run_serve_bench(
-            opts=opts, n_predict=n_predict, tags=_words(tags) or ("code", "json", "prose", "edit"),
-            per_tag=per_tag or 1, progress=lambda line: click.echo(line, err=True),
-            **({"concurrency": serve_cs} if serve_cs else {}))
+    # after our models are freed: the serve bench loads its own target
+    serve_out = _serve_bench(opts, n_predict, _words(tags), per_tag, serve_cs) if serve else None
     out = report.to_json(results, vc, meta) | {"serve": serve_out}
     if save_path:
         _write(save_path, json.dumps(out, indent=2) + "\n")
@@ -135,7 +126,19 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
         if serve_out is not None:
             click.echo(serve_bench.format_report(serve_out))
     if plot_path:
-        _plots(plot_path, results, vc, title, serve_bench, serve_out)
+        _plots(plot_path, results, vc, title, serve_out)
+    _fail_on_mismatch(results)
+
+
+def _serve_bench(opts: Any, n_predict: int, tags: list[str], per_tag: int,
+                 concurrency: list[int] | None) -> dict[str, Any]:
+    return serve_bench.run_serve_bench(
+        opts=opts, n_predict=n_predict, tags=tags or ("code", "json", "prose", "edit"),
+        per_tag=per_tag or 1, progress=lambda line: click.echo(line, err=True),
+        **({"concurrency": concurrency} if concurrency else {}))
+
+
+def _fail_on_mismatch(results: list) -> None:
     bad = [r for r in results if r.verdict.status == "MISMATCH"]
     if bad:
         names = ", ".join(f"{r.workload} {r.variant.label}" for r in bad)
@@ -191,13 +194,12 @@ def _run(opts: Any, items: list, variants: list, settings: Any, vcurve_max: int,
     return results, vc, meta, title
 
 
-def _plots(path: str, results: list, vc: Any, title: str, serve_bench: ModuleType | None,
-           serve_out: dict | None) -> None:
+def _plots(path: str, results: list, vc: Any, title: str, serve_out: dict | None) -> None:
     from localspec.bench import report
 
     report.plot(path, results, vc, title)
     click.echo(f"plot written to {path}", err=True)
-    if serve_bench is not None and serve_out is not None:
+    if serve_out is not None:
         serve_plot = str(Path(path).with_name(Path(path).stem + "-serve.png"))
         serve_bench.plot(serve_out, serve_plot)
         click.echo(f"serve plot written to {serve_plot}", err=True)
@@ -238,9 +240,9 @@ def _parse_modes(text: str, *, explicit: bool, draft: str | None) -> list[str]:
     """`none` first, then the others in the order given; no draft model: the default
     list drops the modes that need one, an explicit list is an error."""
     modes = [m.lower() for m in _words(text)]
-    unknown = [m for m in modes if m not in SPEC_CHOICES]
+    unknown = [m for m in modes if m not in SPEC_MODES]
     if unknown:
-        raise UsageError(f"--modes: unknown mode {', '.join(unknown)} (choose from {', '.join(SPEC_CHOICES)})")
+        raise UsageError(f"--modes: unknown mode {', '.join(unknown)} (choose from {', '.join(SPEC_MODES)})")
     no_draft = bool(draft) and draft.lower() == "none"
     if no_draft:
         needing = [m for m in modes if m in NEEDS_DRAFT]
@@ -258,16 +260,6 @@ def _parse_ks(text: str, flag: str = "--k", lo: int = 1, hi: int = 64) -> list[i
     if not ks or any(not lo <= k <= hi for k in ks):
         raise UsageError(f"{flag} {text}: each value must be between {lo} and {hi}")
     return list(dict.fromkeys(ks))
-
-
-def _serve_bench() -> ModuleType:
-    """The serve benchmark module (run_serve_bench, format_report, plot), if present."""
-    try:
-        from localspec.bench import serve_bench
-    except ImportError:
-        raise UsageError("bench --serve is not available: this build has no `localspec serve` "
-                         "benchmark (localspec.bench.serve_bench)") from None
-    return serve_bench
 
 
 def _open_peer(name: str, rt: Any, items: list, settings: Any, ks: list[int]) -> Any:

@@ -4,14 +4,12 @@ stdin or stdout is not a terminal)."""
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from localspec import models
 from localspec.commands.options import (
-    LoadOptions,
     gen_config,
     gen_options,
     load_options,
@@ -22,11 +20,10 @@ from localspec.commands.options import (
     spec_config,
     spec_options,
 )
-from localspec.core.errors import ModelNotFound
 
 
 @click.command()
-@model_options(default_draft=True)
+@model_options(auto_draft=True)
 @spec_options
 @sampling_options
 @gen_options(default_max=512)
@@ -45,8 +42,9 @@ def chat(ctx: click.Context, system: str | None, session_file: Path | None, plai
 
     \b
     Draft-sourced tokens are highlighted (F2 toggles), F3 switches markdown/raw,
-    Esc stops a reply, /help lists the commands. Without --model, the default pair
-    (qwen2.5-coder-1.5b drafted by qwen2.5-coder-0.5b); --draft none drafts with n-grams.
+    Esc stops a reply, /help lists the commands. Without --model, the default target
+    (qwen2.5-coder-1.5b); --draft auto (the default) drafts with the best compatible
+    smaller model on disk (the 0.5B for it), --draft none with n-grams only.
     Without a terminal it reads one prompt per line and writes one reply per line:
       echo "hi" | localspec chat -n 32
     """
@@ -56,7 +54,7 @@ def chat(ctx: click.Context, system: str | None, session_file: Path | None, plai
 
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
     tty = sys.stdin.isatty() and sys.stdout.isatty() and not plain
-    opts = _with_default_draft(load_options(kw, verbose))
+    opts = load_options(kw, verbose)
     has_draft = bool(opts.draft) and opts.draft.lower() != "none"
     spec = spec_config(kw, has_draft=has_draft)
     sampling, gen = sampling_config(kw), gen_config(kw)
@@ -67,7 +65,8 @@ def chat(ctx: click.Context, system: str | None, session_file: Path | None, plai
         conv.system = system or None
     if tty:
         click.echo(f"loading {opts.model or models.load_manifest().default_target}"
-                   + (f" and {opts.draft}" if has_draft else "") + " ...", err=True)
+                   + (f" and {opts.draft}" if has_draft and opts.draft.lower() != "auto" else "")
+                   + " ...", err=True)
     with open_runtime(opts, want_draft=spec.mode in ("auto", "model", "hybrid")) as rt:
         runner = ChatRunner(rt, conv, spec=spec, sampling=sampling, gen=gen,
                             session_path=session_file, reuse_prefix=not no_prompt_cache,
@@ -82,22 +81,3 @@ def chat(ctx: click.Context, system: str | None, session_file: Path | None, plai
             code = run_repl(runner, sys.stdin, sys.stdout, sys.stderr)
             if code:
                 raise SystemExit(code)
-
-
-def _with_default_draft(opts: LoadOptions) -> LoadOptions:
-    """No --draft: the default pair's draft, when the target is the default target (a
-    draft must share the target's vocabulary) and it has been pulled; else none."""
-    if opts.draft is not None:
-        return opts
-    manifest = models.load_manifest()
-    default = manifest.find(manifest.default_target)
-    names = (default.name, default.filename) if default else (manifest.default_target,)
-    if opts.model is not None and opts.model not in names and Path(opts.model).name not in names:
-        return replace(opts, draft="none")
-    try:
-        models.resolve(manifest.default_draft, role="draft")
-    except ModelNotFound:
-        click.echo(f"default draft {manifest.default_draft} not found (localspec pull "
-                   f"{manifest.default_draft}); drafting with n-grams", err=True)
-        return replace(opts, draft="none")
-    return replace(opts, draft=manifest.default_draft)

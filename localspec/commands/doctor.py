@@ -16,8 +16,8 @@ import sys
 
 import click
 
-from localspec import __version__, models
-from localspec.commands.options import LoadOptions, load_options, model_options
+from localspec import __version__
+from localspec.commands.options import load_options, model_options
 from localspec.commands.ui import human_size
 from localspec.core.backend import (
     Model,
@@ -31,8 +31,9 @@ from localspec.core.backend import (
     system_info,
 )
 from localspec.core.compat import check_pair
-from localspec.core.config import ModelConfig
+from localspec.core.config import LoadOptions
 from localspec.core.errors import LocalspecError
+from localspec.core.runtime import load_model
 
 _GIB = 1024**3
 
@@ -128,12 +129,8 @@ def load_models(opts: LoadOptions, offload_to: list[dict]) -> tuple[list[dict], 
     reports: list[dict] = []
     pair = None
     try:
-        for role, spec, ngl in wanted:
-            path = models.resolve(spec, role=role)
-            loaded[role] = Model(ModelConfig(
-                path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads, n_gpu_layers=ngl,
-                verbose=opts.verbose,
-            ))
+        for role, _, ngl in wanted:
+            loaded[role] = load_model(opts, role)
             reports.append(model_report(loaded[role], role, ngl, offload_to))
         if len(loaded) == 2:
             try:

@@ -191,9 +191,9 @@ class Session:
         """Edit each job in turn; the exit status (1 when one ended without an answer,
         130 when interrupted: then the file being edited is left as it was)."""
         from localspec.core.runtime import open_runtime
-        from localspec.models.prefix_cache import PrefixCache
+        from localspec.models.prefix_store import PrefixStore
 
-        cache = PrefixCache() if self.prefix_cache else None
+        cache = PrefixStore() if self.prefix_cache else None
         failed = 0
         ctrl_c = CtrlC()
         job = jobs[0]
@@ -243,7 +243,7 @@ class Session:
                   ctrl_c: CtrlC, cache) -> bool:
         from localspec.commands.progress import EditProgress, summary_line
         from localspec.core.runtime import make_drafter
-        from localspec.models.prefix_cache import warm_prefix
+        from localspec.models.prefix_store import warm_prefix
 
         name = job.source.name
         drafter = make_drafter(self.spec, self.sampling, rt.draft, file_tokens, target=rt.target)

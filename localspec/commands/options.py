@@ -6,13 +6,16 @@ Flags follow llama.cpp's spelling; the newer `--spec-draft-n-*` names are aliase
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import click
 
-from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
-
-SPEC_CHOICES = ("auto", "none", "ngram", "model", "hybrid")
+from localspec.core.config import (
+    SPEC_MODES,
+    GenerationConfig,
+    LoadOptions,
+    SamplingConfig,
+    SpecConfig,
+)
 
 
 def _stack(*decorators: Callable) -> Callable:
@@ -24,15 +27,20 @@ def _stack(*decorators: Callable) -> Callable:
     return apply
 
 
-def model_options(default_draft: bool = False) -> Callable:
-    draft_help = "draft model (path, manifest name or org/repo[:file.gguf])"
+def model_options(default_draft: bool = False, auto_draft: bool = False) -> Callable:
+    """-m, --draft and how to load them. `auto_draft`: --draft defaults to auto (run,
+    chat); `default_draft`: the command uses the manifest's default draft (bench)."""
+    draft_help = ("draft model: path, manifest name, org/repo[:file.gguf], ollama:NAME:TAG, a name "
+                  "fragment, 'auto' (the best compatible smaller model on disk) or 'none'")
     if default_draft:
-        draft_help += "; default: the manifest's default draft, 'none' for no draft model"
+        draft_help += " [default: the manifest's default draft]"
     return _stack(
         click.option("-m", "--model", envvar="LOCALSPEC_MODEL", default=None,
-                     help="target model: path, manifest name or org/repo[:file.gguf] [default: qwen2.5-coder-1.5b]"),
+                     help="target model: path, manifest name, org/repo[:file.gguf], ollama:NAME:TAG, "
+                          "lmstudio:PUBLISHER/REPO/FILE, or a part of a name `localspec models` lists "
+                          "[default: qwen2.5-coder-1.5b]"),
         click.option("--draft", "-md", "--model-draft", "draft", envvar="LOCALSPEC_DRAFT",
-                     default=None, help=draft_help),
+                     default="auto" if auto_draft else None, show_default=auto_draft, help=draft_help),
         click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=64), default=4096,
                      show_default=True, help="context size in tokens"),
         click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
@@ -46,7 +54,7 @@ def model_options(default_draft: bool = False) -> Callable:
 
 def spec_options(f: Callable) -> Callable:
     return _stack(
-        click.option("--spec", type=click.Choice(SPEC_CHOICES), default="auto", show_default=True,
+        click.option("--spec", type=click.Choice(SPEC_MODES), default="auto", show_default=True,
                      envvar="LOCALSPEC_SPEC",
                      help="drafting: auto (picks drafter and k each round from measured costs and "
                           "acceptance), none, ngram (prompt lookup), model, hybrid (n-gram, else "
@@ -93,19 +101,6 @@ def log_options(f: Callable) -> Callable:
         click.option("--no-log", is_flag=True, envvar="LOCALSPEC_NO_LOG",
                      help="do not record this generation in the acceptance log"),
     )(f)
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """How to load the target and draft models."""
-
-    model: str | None
-    draft: str | None
-    n_ctx: int
-    n_threads: int | None
-    n_gpu_layers: int
-    n_gpu_layers_draft: int
-    verbose: bool = False
 
 
 def load_options(kw: dict, verbose: bool = False) -> LoadOptions:

@@ -124,7 +124,7 @@ def run_generation(
 
 @click.command()
 @click.argument("prompt", nargs=-1)
-@model_options()
+@model_options(auto_draft=True)
 @spec_options
 @sampling_options
 @gen_options()

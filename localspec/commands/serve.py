@@ -7,6 +7,7 @@ import signal
 import sys
 
 import click
+import uvicorn
 
 from localspec.commands.options import (
     load_options,
@@ -16,17 +17,15 @@ from localspec.commands.options import (
     spec_config,
     spec_options,
 )
-from localspec.core.backend import Model
 from localspec.core.errors import UsageError
-
-# Speculation stays on while at most this many sequences are active when no calibration
-# profile exists. Measured with `python -m localspec.bench.serve_bench` (1.5B target,
-# n-gram, 2-core CPU): with two or more requests in the batch, speculating decoded
-# slower than not (on/off 0.84x at C=2 on code/json/edit, 0.95x on an edit alone);
-# alone is the case where n-gram speculation is known to pay on CPUs (DESIGN.md).
-DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE = 1
-PER_SLOT_CTX = 4096  # -c default for serve: this much context for every slot ...
-MAX_DEFAULT_CTX = 32768  # ... up to this much in all (KV memory grows with it)
+from localspec.core.runtime import find_profile, open_runtime
+from localspec.serve.app import ServeSettings, create_app, model_id_for
+from localspec.serve.policy import (
+    DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE,
+    default_n_ctx,
+    spec_threshold,
+)
+from localspec.serve.scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger("localspec.serve")
 
@@ -78,20 +77,10 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
     (default: 4096 per slot, 32768 in all). Slots draft with n-grams (--spec auto means ngram
     here; a request's `prediction` is a second n-gram source); --draft is ignored.
     """
-    try:
-        import uvicorn
-
-        from localspec.serve.app import ServeSettings, create_app, model_id_for
-    except ImportError as exc:
-        raise UsageError(f"localspec serve needs starlette and uvicorn ({exc.name} is missing): "
-                         "pip install starlette uvicorn") from None
-    from localspec.core.runtime import open_runtime
-    from localspec.serve.scheduler import Scheduler, SchedulerConfig
-
     verbose = bool(ctx.obj and ctx.obj.get("verbose"))
     _setup_logging(verbose)
     if ctx.get_parameter_source("n_ctx") == click.core.ParameterSource.DEFAULT:
-        kw["n_ctx"] = min(PER_SLOT_CTX * parallel, MAX_DEFAULT_CTX)
+        kw["n_ctx"] = default_n_ctx(parallel)
     opts = load_options(kw, verbose)
     if kw.get("spec") in ("model", "hybrid"):
         raise UsageError("serve drafts with n-grams (--spec ngram or none); "
@@ -110,7 +99,8 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
 
     with open_runtime(opts, want_draft=False, n_seq_max=parallel) as rt:
         target = rt.target
-        limit, source = _spec_threshold(spec_disable, target)
+        profile = find_profile(target) if spec_disable is None else None
+        limit, source = spec_threshold(spec_disable, profile)
         cfg = SchedulerConfig(n_slots=parallel, queue_size=4 * parallel if queue_size is None else queue_size,
                               spec=spec, spec_disable_by_batch_size=limit, prefill_chunk=prefill_chunk)
         scheduler = Scheduler(target, cfg)
@@ -126,57 +116,19 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         config = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=verbose,
                                 log_level="info" if verbose else "warning",
                                 timeout_graceful_shutdown=shutdown_timeout)
-        _server_class()(config).run()
+        _Server(config).run()
     click.echo("localspec serve: stopped", err=True)
 
 
-def _spec_threshold(given: int | None, target: Model) -> tuple[int | None, str]:
-    """(--spec-disable-by-batch-size, where it came from); None means never disable."""
-    if given is not None:
-        return (None if given < 0 else given), "set"
-    try:
-        from localspec.models.profile import load_profile
+class _Server(uvicorn.Server):
+    """uvicorn re-raises a captured SIGTERM after its graceful shutdown, which kills
+    the process before the model is freed; a SIGTERM'd server exits 0 here instead."""
 
-        profile = load_profile(target)
-    except Exception:  # noqa: BLE001 - no profile module, or an unreadable profile
-        profile = None
-    if profile is not None:
-        return threshold_from_vcurve(profile.vcurve), "calibration profile"
-    return DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE, "default"
-
-
-def threshold_from_vcurve(vcurve: list[float], alpha: float = 0.6, k: int = 4) -> int:
-    """Largest batch size B at which speculating still pays under a measured verify
-    cost curve (vcurve[n - 1] = time to decode n tokens at once, relative to one).
-
-    B sequences decoded plainly cost V(B) per step for B tokens; speculating k tokens
-    each costs V(B(k+1)) for B * E tokens, E = (1 - alpha^(k+1)) / (1 - alpha) the
-    expected tokens per round. Speculation pays while E * V(B) >= V(B(k+1)).
-    alpha = 0.6, k = 4 are typical of n-gram drafting on code and edits. Only batch
-    sizes whose speculative step lies inside the measured curve are judged.
-    """
-    e = (1 - alpha ** (k + 1)) / (1 - alpha)
-    best = 0
-    for b in range(1, len(vcurve) // (k + 1) + 1):
-        if e * vcurve[b - 1] >= vcurve[b * (k + 1) - 1]:
-            best = b
-    return best
-
-
-def _server_class():
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn re-raises a captured SIGTERM after its graceful shutdown, which kills
-        the process before the model is freed; a SIGTERM'd server exits 0 here instead."""
-
-        def handle_exit(self, sig: int, frame: object) -> None:
-            super().handle_exit(sig, frame)
-            captured = getattr(self, "_captured_signals", None)
-            if sig == signal.SIGTERM and captured and captured[-1] == sig:
-                captured.pop()
-
-    return Server
+    def handle_exit(self, sig: int, frame: object) -> None:
+        super().handle_exit(sig, frame)
+        captured = getattr(self, "_captured_signals", None)
+        if sig == signal.SIGTERM and captured and captured[-1] == sig:
+            captured.pop()
 
 
 def _url_host(host: str) -> str:

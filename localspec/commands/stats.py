@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import click
+import numpy as np
 
 from localspec.acceptance import drift, logdb
 from localspec.acceptance.logdb import Record
@@ -133,13 +134,7 @@ def summarise(records: Sequence[Record]) -> list[GroupSummary]:
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default method); None when empty."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return float(np.percentile(values, q)) if len(values) else None
 
 
 def buckets(values: Sequence[float], width: int) -> list[float]:

@@ -11,17 +11,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from localspec import models
+from localspec.bench.calibrate import calibrate
 from localspec.commands.options import load_options, model_options
 from localspec.core.drafters.auto import CostModel, best_k
-from localspec.core.runtime import open_runtime
-from localspec.models.profile import (
-    N_MAX,
-    Profile,
-    calibrate,
-    profile_key,
-    save_profile,
-    vcurve_sizes,
-)
+from localspec.core.errors import LocalspecError
+from localspec.core.runtime import open_runtime, setup_of
+from localspec.models.profile import N_MAX, Profile, save_profile, vcurve_sizes
 
 
 def _policy_lines(p: Profile) -> list[str]:
@@ -54,8 +49,8 @@ def tune(ctx: click.Context, as_json: bool, **kw) -> None:
         default = models.load_manifest().default_draft
         try:
             models.resolve(default, role="draft")
-            opts = type(opts)(**{**opts.__dict__, "draft": default})
-        except Exception:
+            opts = replace(opts, draft=default)
+        except LocalspecError:
             pass  # no draft pulled: profile the target alone
     console = Console(stderr=True)
     with open_runtime(opts, want_draft=True) as rt, Progress(
@@ -63,11 +58,11 @@ def tune(ctx: click.Context, as_json: bool, **kw) -> None:
         TimeElapsedColumn(), console=console, transient=True,
     ) as progress:
         task = progress.add_task("measure", total=len(vcurve_sizes(N_MAX)) + 2)
-        profile = calibrate(rt.target, rt.draft, tick=lambda: progress.advance(task))
-        target_key = profile_key(rt.target)
+        setup = setup_of(rt.target, rt.draft)
+        profile = calibrate(rt.target, rt.draft, setup, tick=lambda: progress.advance(task))
     path = save_profile(profile)
     if profile.draft is not None:  # V(n) is the target's alone: serve and draftless runs use it too
-        save_profile(replace(profile, key=target_key, draft=None, draft_t_token_s=None))
+        save_profile(replace(profile, key=setup.alone().key, draft=None, draft_t_token_s=None))
     if as_json:
         click.echo(json.dumps({**asdict(profile), "path": str(path)}, indent=2))
         return

@@ -6,7 +6,10 @@ or HTTP.
     backend.py    THE ONLY llama_cpp importer: load, tokenize, decode, rewind, KV sequences
     sampling.py   numpy: logits -> probs, greedy and lossless stochastic accept rules
     drafters/     the Drafter protocol and none / ngram / model / hybrid / auto
-    engine.py     one speculative round, and generate(): the loop every command consumes
+    engine.py     the speculative round (Generation: plan -> decode -> accept), and
+                  generate(), the loop every command consumes; the server drives the same
+                  round for every request in one batched decode
+    events.py     what a generation yields: Token, Round, Done(GenerationStats)
     compat.py     can this draft model speculate for that target?
     runtime.py    load target (+ draft), check the pair, build the drafter
 """

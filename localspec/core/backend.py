@@ -178,7 +178,33 @@ class Detokenizer:
         return self.decoder.decode(b"", final=True)
 
 
-class Model:
+class PrefixCache:
+    """Prefix reuse for anything that keeps `cached` (what its KV cache holds) and has
+    `rewind(n_past)` and `decode(tokens, "last")`: Model, and the tests' fake model, so
+    the engine tests run this code rather than a copy of it."""
+
+    cached: list[int]
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        n = 0
+        for a, b in zip(self.cached, tokens):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def prefill(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Make the cache hold exactly `tokens`, reusing the shared prefix.
+
+        Returns (logits row after the last token, number of tokens actually decoded).
+        The last token is always decoded so its logits exist.
+        """
+        keep = min(self.common_prefix(tokens), len(tokens) - 1)
+        self.rewind(keep)
+        return self.decode(tokens[keep:], "last")[0], len(tokens) - keep
+
+
+class Model(PrefixCache):
     """One GGUF with its own context (KV cache) for sequence 0 (or n_seq_max sequences).
 
     `cached` mirrors what sequence 0's KV cache holds, so a new prompt that shares a
@@ -328,14 +354,34 @@ class Model:
             return _chatml(messages, add_generation_prompt)
         return buf.raw[:n].decode("utf-8", errors="replace")
 
-    # ----- decoding ---------------------------------------------------------------
+    # ----- decoding: one KV record per sequence --------------------------------------
+    # _seqs[seq] records the tokens sequence seq's cells hold (sequence 0, `cached`, is the
+    # one decode() and prefill() use by default; the server gives each request its own).
+    # Every decode either extends the records of the sequences it wrote or leaves their
+    # cells as recorded: a failed or interrupted llama_decode (Ctrl-C is raised as soon as
+    # the C call returns) may have written cells, and they are dropped before it raises.
 
     @property
     def n_past(self) -> int:
         return len(self.cached)
 
-    def decode(self, tokens: Sequence[int], logits: str | Sequence[int] = "last") -> np.ndarray:
-        """Append `tokens` to sequence 0 at n_past and return logits rows.
+    @property
+    def n_ctx_seq(self) -> int:
+        """Context available to one sequence (n_ctx is split across n_seq_max)."""
+        return int(_ll.llama_n_ctx_seq(self._ctx))
+
+    def seq_tokens(self, seq: int = 0) -> list[int]:
+        """What sequence `seq`'s KV cells hold (sequence 0 is `cached`)."""
+        return self._seqs.setdefault(seq, [])
+
+    def kv_len(self, seq: int = 0) -> int:
+        """Positions llama.cpp's KV cache holds for `seq` (its own count, not the record
+        kept here: for checking that the two agree)."""
+        return int(_ll.llama_memory_seq_pos_max(self._mem, seq)) + 1
+
+    def decode(self, tokens: Sequence[int], logits: str | Sequence[int] = "last", *,
+               seq: int = 0) -> np.ndarray:
+        """Append `tokens` to sequence `seq` at its n_past and return logits rows.
 
         logits: "last", "all", or row indices into `tokens`. The result is a
         (rows, n_vocab) float32 view into llama.cpp's buffer, valid until the next
@@ -345,13 +391,10 @@ class Model:
         n = len(tokens)
         if n == 0:
             raise ValueError("decode needs at least one token")
-        if self.n_past + n > self.n_ctx:
-            raise ContextFull(
-                f"context full: {self.n_past + n} tokens needed, context is {self.n_ctx} (raise -c)"
-            )
+        self._check_room(seq, n)
         start = 0
         while n - start > self.n_batch:
-            self._decode_chunk(tokens[start : start + self.n_batch], ())
+            self._decode_batch([(seq, tokens[start : start + self.n_batch], ())])
             start += self.n_batch
         chunk = tokens[start:]
         if isinstance(logits, str):
@@ -360,57 +403,75 @@ class Model:
             rows = [r - start for r in logits]
             if rows and min(rows) < 0:
                 raise ValueError("logits rows must lie in the last n_batch tokens")
-        return self._decode_chunk(chunk, rows)
+        return self._decode_batch([(seq, chunk, rows)])
 
-    def _decode_chunk(self, chunk: Sequence[int], rows: Sequence[int]) -> np.ndarray:
-        n = len(chunk)
-        n_past = self.n_past
-        self._tok[:n] = chunk
-        self._pos[:n] = np.arange(n_past, n_past + n)
-        self._out[:n] = 0
-        if len(rows):
-            self._out[np.asarray(rows)] = 1
+    def decode_multi(self, entries: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
+        """One decode for several sequences: entries are (seq_id, tokens, n_logit_rows),
+        each appended at its sequence's own position; logits are returned for the last
+        n_logit_rows tokens of each entry (views valid until the next decode)."""
+        rows = self._decode_batch([(seq, toks, range(len(toks) - n_rows, len(toks)))
+                                   for seq, toks, n_rows in entries])
+        out, row = [], 0
+        for _, _, n_rows in entries:
+            out.append(rows[row : row + n_rows])
+            row += n_rows
+        return out
+
+    def _check_room(self, seq: int, n: int) -> None:
+        need = len(self.seq_tokens(seq)) + n
+        if need > self.n_ctx_seq:
+            raise ContextFull(f"context full: {need} tokens needed, context is {self.n_ctx_seq} (raise -c)")
+
+    def _decode_batch(self, entries: Sequence[tuple[int, Sequence[int], Sequence[int]]]) -> np.ndarray:
+        """ONE llama_decode. Entries (seq, tokens, rows), one per sequence, append tokens
+        at that sequence's next positions and ask logits for `rows` (indices into tokens).
+        Returns the requested rows, entry after entry."""
+        n = sum(len(toks) for _, toks, _ in entries)
+        if n == 0 or n > self.n_batch:
+            raise ValueError(f"a batch needs 1..{self.n_batch} tokens, got {n}")
+        for seq, toks, _ in entries:  # every check before the first row is written
+            self._check_room(seq, len(toks))
+        i = 0
+        for seq, toks, rows in entries:
+            m, base = len(toks), len(self.seq_tokens(seq))
+            self._tok[i : i + m] = toks
+            self._pos[i : i + m] = np.arange(base, base + m)
+            self._out[i : i + m] = 0
+            self._out[i + np.asarray(rows, dtype=np.intp)] = 1
+            for j in range(i, i + m):  # every row names its sequence: nothing carries over
+                self._batch.seq_id[j][0] = seq
+            i += m
         self._batch.n_tokens = n
+        rc, recorded = -1, False
         t0 = time.perf_counter()
-        rc = _ll.llama_decode(self._ctx, self._batch)
-        self.llama_s += time.perf_counter() - t0
+        try:
+            rc = _ll.llama_decode(self._ctx, self._batch)
+            if rc == 0:
+                for seq, toks, _ in entries:
+                    self.seq_tokens(seq).extend(toks)
+                recorded = True
+        finally:
+            self.llama_s += time.perf_counter() - t0
+            if not recorded:  # failed or interrupted: drop the cells it may have written
+                for seq, _, _ in entries:
+                    _ll.llama_memory_seq_rm(self._mem, seq, len(self.seq_tokens(seq)), -1)
+        if rc == 1:
+            raise ContextFull(f"context full: no KV slot for a batch of {n} tokens (raise -c)")
         if rc != 0:
-            # a failed decode may leave part of the batch in the cache: drop it
-            _ll.llama_memory_seq_rm(self._mem, 0, n_past, -1)
-            if rc == 1:
-                raise ContextFull(f"context full: no KV slot for {n} tokens at {n_past} (raise -c)")
             raise BackendError(f"llama_decode failed with code {rc}")
-        self.cached.extend(chunk)
-        if not len(rows):
+        n_rows = sum(len(rows) for _, _, rows in entries)
+        if not n_rows:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = _ll.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(len(rows), self.n_vocab))
+        return np.ctypeslib.as_array(_ll.llama_get_logits(self._ctx), shape=(n_rows, self.n_vocab))
 
-    def rewind(self, n_past: int, force: bool = False) -> None:
-        """Forget everything from position n_past on (rejected drafts, an edited turn).
-        `force` clears the cells even when the bookkeeping says there are none (after an
-        interrupted decode)."""
-        if n_past < self.n_past or force:
-            _ll.llama_memory_seq_rm(self._mem, 0, n_past, -1)
-            del self.cached[n_past:]
-
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.cached, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    def prefill(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
-        """Make the cache hold exactly `tokens`, reusing the shared prefix.
-
-        Returns (logits row after the last token, number of tokens actually decoded).
-        The last token is always decoded so its logits exist.
-        """
-        keep = min(self.common_prefix(tokens), len(tokens) - 1)
-        self.rewind(keep)
-        return self.decode(tokens[keep:], "last")[0], len(tokens) - keep
+    def rewind(self, n_past: int, force: bool = False, *, seq: int = 0) -> None:
+        """Forget sequence `seq`'s tokens from position n_past on (rejected drafts, an
+        edited turn; 0 frees a server slot). `force` clears the cells even when the record
+        says there are none."""
+        record = self.seq_tokens(seq)
+        if n_past < len(record) or force:
+            _ll.llama_memory_seq_rm(self._mem, seq, n_past, -1)
+            del record[n_past:]
 
     # ----- sequence 0's KV state as bytes (the on-disk prefix cache) --------------
 
@@ -429,71 +490,12 @@ class Model:
         n = len(data)
         read = _ll.llama_state_seq_set_data(self._ctx, _u8(data), n, 0) if n else 0
         lo = _ll.llama_memory_seq_pos_min(self._mem, 0)
-        hi = _ll.llama_memory_seq_pos_max(self._mem, 0)
-        if read != n or not tokens or (lo, hi) != (0, len(tokens) - 1):
+        if read != n or not tokens or (lo, self.kv_len(0)) != (0, len(tokens)):
             _ll.llama_memory_seq_rm(self._mem, 0, -1, -1)
             self.cached.clear()
             return 0
         self.cached[:] = tokens  # in place: `cached` is the list sequence 0 is tracked by
         return len(tokens)
-
-    # ----- several sequences in one context (continuous batching) ----------------
-
-    @property
-    def n_ctx_seq(self) -> int:
-        """Context available to one sequence (n_ctx is split across n_seq_max)."""
-        return int(_ll.llama_n_ctx_seq(self._ctx))
-
-    def seq_tokens(self, seq: int) -> list[int]:
-        """What sequence `seq`'s KV cells hold (sequence 0 is `cached`)."""
-        return self._seqs.setdefault(seq, [])
-
-    def rewind_seq(self, seq: int, n_past: int) -> None:
-        """Drop sequence `seq`'s cells from position n_past on (0 frees the slot)."""
-        _ll.llama_memory_seq_rm(self._mem, seq, n_past, -1)
-        del self.seq_tokens(seq)[n_past:]
-
-    def decode_multi(self, entries: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
-        """One decode for several sequences: entries are (seq_id, tokens, n_logit_rows),
-        each appended at its sequence's own position; logits are returned for the last
-        n_logit_rows tokens of each entry (views valid until the next decode)."""
-        n = sum(len(toks) for _, toks, _ in entries)
-        if n == 0 or n > self.n_batch:
-            raise ValueError(f"decode_multi needs 1..{self.n_batch} tokens, got {n}")
-        i = 0
-        for seq, toks, n_rows in entries:
-            base = len(self.seq_tokens(seq))
-            if base + len(toks) > self.n_ctx_seq:
-                raise ContextFull(f"sequence {seq} is full ({self.n_ctx_seq} tokens)")
-            m = len(toks)
-            self._tok[i : i + m] = toks
-            self._pos[i : i + m] = np.arange(base, base + m)
-            self._out[i : i + m] = 0
-            self._out[i + m - n_rows : i + m] = 1 if n_rows else 0
-            for j in range(i, i + m):
-                self._batch.seq_id[j][0] = seq
-            i += m
-        self._batch.n_tokens = n
-        t0 = time.perf_counter()
-        rc = _ll.llama_decode(self._ctx, self._batch)
-        self.llama_s += time.perf_counter() - t0
-        for j in range(n):
-            self._batch.seq_id[j][0] = 0  # single-sequence decode() assumes sequence 0
-        if rc != 0:
-            for seq, _, _ in entries:
-                _ll.llama_memory_seq_rm(self._mem, seq, len(self.seq_tokens(seq)), -1)
-            if rc == 1:
-                raise ContextFull(f"no KV slot for a batch of {n} tokens")
-            raise BackendError(f"llama_decode failed with code {rc}")
-        total_rows = sum(r for _, _, r in entries)
-        logits = (np.ctypeslib.as_array(_ll.llama_get_logits(self._ctx), shape=(total_rows, self.n_vocab))
-                  if total_rows else np.empty((0, self.n_vocab), dtype=np.float32))
-        out, row = [], 0
-        for seq, toks, n_rows in entries:
-            self.seq_tokens(seq).extend(toks)
-            out.append(logits[row : row + n_rows])
-            row += n_rows
-        return out
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

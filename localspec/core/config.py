@@ -20,6 +20,21 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class LoadOptions:
+    """Which target (and draft) to load and how: the shared command-line options
+    (commands/options.py builds it; core/runtime.py loads from it). Model names are
+    paths, manifest names or org/repo[:file.gguf]; None: the manifest's default."""
+
+    model: str | None
+    draft: str | None
+    n_ctx: int
+    n_threads: int | None
+    n_gpu_layers: int
+    n_gpu_layers_draft: int
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
 class SamplingConfig:
     """Applied identically to target (p) and draft (q) distributions."""
 

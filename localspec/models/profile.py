@@ -1,9 +1,13 @@
-"""Calibration: what decoding costs on this machine, measured, and stored per setup.
+"""Calibration profiles: what decoding costs on this machine, stored per setup.
 
 A profile holds the target's verify cost curve V(n) (time to decode n tokens in one
 batch, relative to one), its per-token decode time, prefill speed, and the draft
-model's per-token cost ratio c. It is keyed by model file identity, device, threads
-and GPU layers, so a profile measured on one setup is never applied to another.
+model's per-token cost ratio c. It is keyed by a `Setup` (model files, device, threads
+and GPU layers), so a profile measured on one setup is never applied to another.
+
+Pure data and files: no model is loaded here (the `auto` drafter imports this module).
+The measurements are in localspec/bench/calibrate.py (`localspec tune`); the setup of
+loaded models comes from core/runtime.py (`setup_of`).
 """
 
 from __future__ import annotations
@@ -11,13 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
-from localspec.core.backend import Model, supports_gpu_offload
+from localspec.files import write_atomic
 from localspec.models import paths
 
 N_MAX = 32
@@ -46,26 +47,41 @@ class Profile:
         return self.vcurve[min(max(n, 1), len(self.vcurve)) - 1]
 
 
-def _model_id(model: Model) -> str:
-    st = model.path.stat()
-    return f"{model.name}:{st.st_size}"
+def model_id(path: str | Path) -> str:
+    """A model file's identity in profile keys: its name and size."""
+    path = Path(path)
+    return f"{path.name}:{path.stat().st_size}"
 
 
-def profile_key(target: Model, draft: Model | None = None) -> str:
-    device = "gpu" if supports_gpu_offload() and target.info.n_gpu_layers else "cpu"
-    parts = [_model_id(target), _model_id(draft) if draft else "-", device,
-             str(target.info.n_threads), str(target.info.n_gpu_layers)]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+@dataclass(frozen=True)
+class Setup:
+    """What a profile is measured on: the target (and draft) file identities (model_id),
+    the device ("cpu" or "gpu"), threads and the target's GPU layers."""
+
+    target: str
+    draft: str | None
+    device: str
+    n_threads: int
+    n_gpu_layers: int
+
+    @property
+    def key(self) -> str:
+        parts = [self.target, self.draft or "-", self.device, str(self.n_threads), str(self.n_gpu_layers)]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+    def alone(self) -> Setup:
+        """The same setup without the draft: V(n) is a property of the target alone."""
+        return replace(self, draft=None)
 
 
 def _profile_path(key: str) -> Path:
     return paths.state_dir() / "profiles" / f"{key}.json"
 
 
-def load_profile(target: Model, draft: Model | None = None) -> Profile | None:
+def load_profile(setup: Setup) -> Profile | None:
     """The stored profile for this exact setup; falls back to one measured without the
     draft (V(n) is a property of the target alone)."""
-    for key in (profile_key(target, draft), profile_key(target)):
+    for key in dict.fromkeys((setup.key, setup.alone().key)):
         try:
             data = json.loads(_profile_path(key).read_text())
             return Profile(**data)
@@ -75,25 +91,10 @@ def load_profile(target: Model, draft: Model | None = None) -> Profile | None:
 
 
 def save_profile(profile: Profile) -> Path:
+    """Store `profile` under its key (atomically: a reader never sees half a file)."""
     path = paths.ensure(paths.state_dir() / "profiles") / f"{profile.key}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(profile), indent=2))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(asdict(profile), indent=2))
     return path
-
-
-def _time_decode(model: Model, base: list[int], n: int, reps: int) -> float:
-    """Median seconds to decode n tokens (all rows' logits) after `base`."""
-    times = []
-    toks = [base[i % len(base)] for i in range(n)]
-    for _ in range(reps):
-        model.rewind(len(base))
-        t0 = time.perf_counter()
-        rows = model.decode(toks, "all")
-        float(rows[-1, 0])  # touch the output
-        times.append(time.perf_counter() - t0)
-    model.rewind(len(base))
-    return float(np.median(times))
 
 
 def vcurve_sizes(n_max: int) -> list[int]:
@@ -102,59 +103,3 @@ def vcurve_sizes(n_max: int) -> list[int]:
     beyond. The curve need not rise: there, 16 tokens verify faster than 12."""
     sizes = [*range(1, min(n_max, 9) + 1), *range(10, min(n_max, 16) + 1, 2), *range(20, n_max + 1, 4)]
     return sizes if sizes[-1] == n_max else [*sizes, n_max]
-
-
-def measure_vcurve(model: Model, n_max: int = N_MAX, reps: int = 3,
-                   tick: Callable[[], None] | None = None) -> tuple[float, list[float]]:
-    """(seconds for one token, [V(1)..V(n_max)]) on a short warm context: the median of
-    `reps` timings at each of vcurve_sizes(n_max), linear in between."""
-    base = model.tokenize("def measure(n):\n    return sum(range(n)) * 2\n" * 4)
-    model.rewind(0)
-    model.decode(base, "last")
-    t1 = _time_decode(model, base, 1, reps * 3)
-    sizes = vcurve_sizes(n_max)
-    measured = []
-    for n in sizes:
-        measured.append(_time_decode(model, base, n, reps) / t1 if n > 1 else 1.0)
-        if tick:
-            tick()
-    model.rewind(0)
-    curve = np.interp(np.arange(1, n_max + 1), sizes, measured)
-    return t1, [float(v) for v in curve]
-
-
-def measure_token_time(model: Model, reps: int = 12) -> float:
-    base = model.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
-    model.rewind(0)
-    model.decode(base, "last")
-    t = _time_decode(model, base, 1, reps)
-    model.rewind(0)
-    return t
-
-
-def measure_prefill(model: Model, n_tokens: int = 256) -> float:
-    toks = model.tokenize("Speculative decoding drafts, verifies and keeps a prefix. " * 64)[:n_tokens]
-    model.rewind(0)
-    t0 = time.perf_counter()
-    model.decode(toks, "last")
-    dt = time.perf_counter() - t0
-    model.rewind(0)
-    return len(toks) / dt
-
-
-def calibrate(target: Model, draft: Model | None = None, n_max: int = N_MAX,
-              tick: Callable[[], None] | None = None) -> Profile:
-    """Measure everything a profile holds (under a minute for the default pair on 2 cores)."""
-    t1, curve = measure_vcurve(target, n_max, tick=tick)
-    prefill = measure_prefill(target)
-    if tick:
-        tick()
-    draft_t = measure_token_time(draft) if draft is not None else None
-    if tick:
-        tick()
-    device = "gpu" if supports_gpu_offload() and target.info.n_gpu_layers else "cpu"
-    return Profile(
-        key=profile_key(target, draft), target=target.name, draft=draft.name if draft else None,
-        device=device, n_threads=target.info.n_threads, n_gpu_layers=target.info.n_gpu_layers,
-        t_token_s=t1, vcurve=curve, prefill_tok_s=prefill, draft_t_token_s=draft_t,
-    )

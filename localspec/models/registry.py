@@ -1,4 +1,6 @@
-"""Model resolution: a path, a manifest name, or a Hugging Face repo -> a local GGUF file.
+"""Model resolution: a path, a manifest name, a Hugging Face repo, a file in another
+tool's store (ollama:NAME:TAG, lmstudio:..., llama.cpp:...) or a unique fragment of a
+local model's name -> a local GGUF file.
 
 Resolution never touches the network except to list a hub repo's files when no file
 was named; fetching is `pull` (fetch.py does the transfer), which the CLI asks for explicitly.
@@ -9,11 +11,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localspec.core.errors import ModelNotFound, PullError, UsageError
-from localspec.models import fetch, paths
+from localspec.models import fetch, paths, stores
+from localspec.models.gguf_info import (
+    SPLIT_NAME,
+    GGUFError,
+    GGUFInfo,
+    cached_info,
+    split_parts,
+)
 from localspec.models.manifest import ModelEntry, load_manifest
 
 GGUF_MAGIC = b"GGUF"
@@ -33,12 +42,21 @@ class ModelStatus:
     path: Path | None  # None: not downloaded
     description: str = ""
     in_manifest: bool = True
+    source: str = "manifest"  # manifest | models (a models dir) | hub | llama.cpp | lmstudio | ollama
+    parts: int = 1  # files of a split model (path is the first)
+    info: GGUFInfo | None = None  # from the header, when list_models(header=True) read it
 
     def to_dict(self) -> dict:
         """JSON-ready (`localspec models --json`)."""
+        info = self.info
         return {"name": self.name, "filename": self.filename, "size": self.size,
                 "roles": list(self.roles), "path": str(self.path) if self.path else None,
-                "description": self.description, "in_manifest": self.in_manifest}
+                "description": self.description, "in_manifest": self.in_manifest,
+                "source": self.source, "parts": self.parts,
+                "architecture": info.architecture if info else None,
+                "n_params": info.n_params if info else None, "quant": info.quant if info else None,
+                "context_length": info.context_length if info else None,
+                "n_vocab": info.n_vocab if info else None}  # fmt: skip
 
 
 # --- resolve ---------------------------------------------------------------------------
@@ -60,19 +78,76 @@ def resolve(
         if role not in defaults:
             raise UsageError(f"unknown model role '{role}' (target, draft or test)")
         spec = defaults[role]
+    if spec.lower() == "auto":
+        raise UsageError("'auto' is not a model: --draft auto picks one as the target loads (run, chat, edit)")
     path = Path(spec).expanduser()
     if path.exists():
-        return check_gguf(path)
+        return check_gguf(first_part(path))
     entry = manifest.find(spec)
     if entry is not None:
         return _resolve_entry(entry, pull_if_missing=pull_if_missing, progress=progress)
+    prefix, _, rest = spec.partition(":")
+    if prefix.lower() == "hf" and rest:
+        spec = rest
+    elif prefix.lower() in stores.PREFIXES and rest:
+        return _resolve_in_store(spec, stores.PREFIXES[prefix.lower()])
     hub = _parse_hub_spec(spec)
     if hub is not None:
+        named = [f for f in stores.discover(("hub", "llama.cpp")) if f.name == spec]
+        if named:
+            return check_gguf(named[0].path)
         return _resolve_hub(*hub, pull_if_missing=pull_if_missing, progress=progress)
+    found = _pick(spec, [(r.name, r.path) for r in list_models(header=False) if r.path is not None])
+    if found is not None:
+        return check_gguf(found)
     if _looks_like_path(spec):
         raise ModelNotFound(f"no such model file: {spec}")
     known = ", ".join(manifest.models)
-    raise ModelNotFound(f"unknown model '{spec}'; use a .gguf path, org/repo[:file.gguf] or one of: {known}")
+    raise ModelNotFound(f"unknown model '{spec}'; use a .gguf path, org/repo[:file.gguf], ollama:NAME:TAG, "
+                        f"a part of a name `localspec models` lists, or one of: {known}")
+
+
+def first_part(path: Path) -> Path:
+    """The first part of a split model (llama.cpp loads the others from it), else `path`."""
+    match = SPLIT_NAME.match(path.name)
+    if match is None or int(match["no"]) == 1:
+        return path
+    first = (split_parts(path) or [path])[0]
+    return first if first.exists() else path
+
+
+def _resolve_in_store(spec: str, source: str) -> Path:
+    """ollama:NAME[:TAG], lmstudio:..., llama.cpp:...: the exact name, else a unique
+    fragment of a name in that store."""
+    found = stores.discover((source,))
+    want = stores.normalize(spec)
+    exact = [f.path for f in found if f.name.lower() == want.lower()]
+    if exact:
+        return check_gguf(exact[0])
+    hit = _pick(spec.partition(":")[2], [(f.name, f.path) for f in found])
+    if hit is not None:
+        return check_gguf(hit)
+    names = ", ".join(f.name for f in found[:8]) + (" ..." if len(found) > 8 else "")
+    raise ModelNotFound(f"no {source} model '{spec}'" + (f"; found: {names}" if found else f" ({source} store empty or absent)"))
+
+
+def _pick(fragment: str, candidates: list[tuple[str, Path]]) -> Path | None:
+    """The one candidate whose name or file name contains `fragment` (case-insensitive;
+    an exact name wins). UsageError when several different files match."""
+    needle = fragment.lower()
+    hits: dict[str, tuple[str, Path]] = {}
+    for name, path in candidates:
+        if "mmproj" in path.name.lower():
+            continue  # a vision projector, never the model meant
+        if needle in name.lower() or needle in path.name.lower():
+            hits.setdefault(os.path.realpath(path), (name, path))
+    exact = [p for n, p in hits.values() if needle in (n.lower(), p.name.lower())]
+    if len(exact) == 1 or len(hits) == 1:
+        return exact[0] if len(exact) == 1 else next(iter(hits.values()))[1]
+    if hits:
+        listed = ", ".join(sorted(n for n, _ in hits.values())[:8])
+        raise UsageError(f"'{fragment}' matches {len(hits)} models: {listed}; name one of them")
+    return None
 
 
 def check_gguf(path: Path) -> Path:
@@ -89,8 +164,9 @@ def check_gguf(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
-def find_local(entry: ModelEntry) -> Path | None:
-    """The entry's file in the models dirs or the hub cache, if present with the right size.
+def find_local(entry: ModelEntry, found: list[stores.Found] | None = None) -> Path | None:
+    """The entry's file in the models dirs, the hub cache or another tool's store (same
+    file name), if present with the right size. `found`: discover()'s list, if at hand.
 
     Size only: the full sha256 is checked when pulling, not on every start.
     """
@@ -103,6 +179,9 @@ def find_local(entry: ModelEntry) -> Path | None:
             cached = _hub_cached(source.repo, source.file, source.revision)
             if cached is not None and cached.stat().st_size == entry.size:
                 return cached
+    for item in stores.discover() if found is None else found:
+        if item.path.name == entry.filename and item.size == entry.size:
+            return item.path
     return None
 
 
@@ -239,28 +318,43 @@ def pull_entry(entry: ModelEntry, *, progress: bool = True, force: bool = False)
 
 
 def _without_hub(entry: ModelEntry) -> ModelEntry:
-    from dataclasses import replace
-
     return replace(entry, sources=tuple(s for s in entry.sources if s.type != "hf"))
 
 
-def list_models() -> list[ModelStatus]:
-    """Manifest models (present or not), then other .gguf files in the models dirs."""
+def list_models(*, header: bool = True) -> list[ModelStatus]:
+    """Manifest models (present or not), other .gguf files in the models dirs, then the
+    GGUFs other tools downloaded; with `header`, what each file's GGUF header says."""
     manifest = load_manifest()
+    found = stores.discover()
     rows = [
-        ModelStatus(e.name, e.filename, e.size, e.roles, find_local(e), e.description)
+        ModelStatus(e.name, e.filename, e.size, e.roles, find_local(e, found), e.description)
         for e in manifest.models.values()
     ]
-    seen = {row.path.resolve() for row in rows if row.path is not None}
-    for directory in paths.models_dirs():
-        for path in sorted(directory.glob("*.gguf")) if directory.is_dir() else ():
-            entry = manifest.find(path.name)
-            if path.resolve() in seen or (entry is not None and path.stat().st_size == entry.size):
-                continue
-            seen.add(path.resolve())
-            note = f"not {entry.name}: wrong size (partial?)" if entry is not None else ""
-            rows.append(ModelStatus(path.stem, path.name, path.stat().st_size, (), path, note, False))
-    return rows
+    seen = {os.path.realpath(row.path) for row in rows if row.path is not None}
+    for item in _models_dir_files() + found:
+        entry = manifest.find(item.path.name)
+        if os.path.realpath(item.path) in seen or (entry is not None and item.size == entry.size):
+            continue
+        seen.add(os.path.realpath(item.path))
+        note = f"not {entry.name}: wrong size (partial?)" if entry is not None else ""
+        rows.append(ModelStatus(item.name, item.path.name, item.size, (), item.path, note, False,
+                                item.source, item.parts))  # fmt: skip
+    return [_with_header(row) for row in rows] if header else rows
+
+
+def _models_dir_files() -> list[stores.Found]:
+    files = [(p.stem, p) for d in paths.models_dirs() if d.is_dir() for p in sorted(d.glob("*.gguf"))]
+    return list(stores.fold(files, "models"))
+
+
+def _with_header(row: ModelStatus) -> ModelStatus:
+    if row.path is None:
+        return row
+    try:
+        return replace(row, info=cached_info(row.path))
+    except (GGUFError, OSError) as exc:
+        stores.warn(f"cannot read the GGUF header of {row.path}: {exc}")
+        return row
 
 
 def file_identity(path: Path | str) -> dict:

@@ -2,10 +2,14 @@
 
     app.py        Starlette routes, auth, limits, SSE; talks to the scheduler via queues
     scheduler.py  the one thread that owns the model: continuous batching, one
-                  decode_multi per step, speculation switched off above a batch size
-    sequence.py   one request's draft/verify/accept round on its own KV sequence
-    protocol.py   request validation and OpenAI-shaped responses and errors
-    metrics.py    counters and gauges, rendered as Prometheus text
+                  decode_multi per step for every request's round, speculation switched
+                  off above a batch size
+    sequence.py   one request on its own KV sequence: the engine's round (Generation)
+                  plus a prompt prefilled in chunks
+    schema.py     the OpenAI request bodies as strict pydantic models
+    protocol.py   a body -> GenRequest or OpenAI's 400 error; OpenAI-shaped responses
+    metrics.py    counters and gauges, exposed through prometheus_client
+    policy.py     serving defaults: per-slot context, when speculation turns off under load
 
 The click command is localspec/commands/serve.py.
 """

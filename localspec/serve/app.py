@@ -30,6 +30,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
+from localspec.acceptance import logdb
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig
 from localspec.serve import protocol
@@ -272,12 +273,6 @@ class _Api:
     def log_generation(self, req: GenRequest, job: Job, stats: object, prompt_text: str, output: str) -> None:
         """Best effort, off the event loop: the acceptance log must never break serving."""
         if not self.settings.log_generations:
-            return
-        try:
-            from localspec.acceptance import logdb
-        except ImportError:
-            return
-        if not hasattr(logdb, "log_generation"):
             return
         target = self.settings.target_path or str(self.target.path)
         spec = self.scheduler.cfg.spec

@@ -1,14 +1,20 @@
-"""Server counters and gauges, rendered in the Prometheus text exposition format.
+"""Server counters and gauges for /metrics, exposed through prometheus_client.
 
 Written by the scheduler thread (rounds, steps, finished requests) and the HTTP handlers
-(request outcomes); read by /metrics. One lock; every update is a few integer adds.
+(request outcomes); read by /metrics. One lock; every update is a few integer adds. The
+counters are plain fields because the engine's `count_round` updates them the way it
+updates a request's GenerationStats; each Metrics is a prometheus_client Collector in a
+registry of its own (not the global one), so apps and tests in one process never share
+or collide on metric names.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from localspec.core.engine import count_round
 
@@ -39,6 +45,10 @@ class Metrics:
         # decode-only steps (no prefill in the batch) by (sequences, speculating):
         # [steps, seconds, tokens emitted] -- throughput at each batch size, live
         self.by_batch: dict[tuple[int, bool], list[float]] = defaultdict(lambda: [0, 0.0, 0])
+        self._render_lock = threading.Lock()
+        self._gauges: dict[str, tuple[str, float]] = {}  # live state, set for one render
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
 
     # ----- updates ------------------------------------------------------------------
 
@@ -96,65 +106,85 @@ class Metrics:
 
     def render(self, gauges: dict[str, tuple[str, float]]) -> str:
         """Prometheus text format; `gauges` maps name -> (help, value) for live state."""
+        with self._render_lock:
+            self._gauges = gauges
+            try:
+                return generate_latest(self.registry).decode()
+            finally:
+                self._gauges = {}
+
+    def collect(self) -> list[Metric]:
+        """The metric families (prometheus_client's Collector protocol); a consistent
+        snapshot under the lock."""
         with self._lock:
-            lines: list[str] = []
-            _family(lines, "requests_total", "counter", "HTTP generation requests by endpoint and outcome.",
-                    ((f'endpoint="{e}",outcome="{o}"', v) for (e, o), v in sorted(self.requests.items())))
-            for name, help_, value in (
-                ("prompt_tokens_total", "Prompt tokens of admitted requests.", self.prompt_tokens),
-                ("generation_tokens_total", "Tokens generated.", self.generated_tokens),
-                ("draft_tokens_total", "Draft tokens verified by the target.", self.drafted),
-                ("accepted_tokens_total", "Draft tokens the target accepted.", self.accepted),
-                ("rounds_total", "Verify rounds over all sequences.", self.rounds),
-                ("draft_rounds_total", "Verify rounds that carried a draft.", self.draft_rounds),
-                ("steps_total", "Batched decode steps.", self.steps),
-                ("speculative_steps_total", "Steps taken with speculation on.", self.spec_steps),
-                ("step_seconds_total", "Time inside batched decode steps.", self.step_seconds),
-                ("batch_tokens_total", "Tokens decoded in steps (all sequences, drafts, prefill).",
-                 self.batch_tokens),
-                ("prefill_tokens_total", "Prompt tokens decoded.", self.prefill_tokens),
-                ("speculation_toggles_total", "Times the batch-size rule switched speculation.",
-                 self.spec_toggles),
-                ("request_seconds_total", "Admission to end, summed over finished requests.",
-                 self.request_seconds),
-                ("time_to_first_token_seconds_total", "Admission to first token, summed.",
-                 self.ttft_seconds),
-                ("requests_finished_total", "Generations that ended after admission.", self.finished),
-            ):
-                _family(lines, name, "counter", help_, [("", value)])
+            out = [self._requests_family()]
+            out += [_counter(name, help_, getattr(self, attr)) for name, attr, help_ in COUNTERS]
             acc = self.accepted / self.drafted if self.drafted else 0.0
-            _family(lines, "acceptance_rate", "gauge", "Accepted / drafted since start.", [("", acc)])
-            _family(lines, "drafted_by_position_total", "counter",
-                    "Draft tokens verified at each draft position (1-based).",
-                    ((f'position="{i + 1}"', v) for i, v in enumerate(self.drafted_by_pos)))
-            _family(lines, "accepted_by_position_total", "counter",
-                    "Draft tokens accepted at each draft position (1-based).",
-                    ((f'position="{i + 1}"', v) for i, v in enumerate(self.accepted_by_pos)))
-            _family(lines, "acceptance_by_position", "gauge", "Acceptance rate at each draft position.",
-                    ((f'position="{i + 1}"', a / d if d else 0.0)
-                     for i, (a, d) in enumerate(zip(self.accepted_by_pos, self.drafted_by_pos))))
-            keys = sorted(self.by_batch)
-            labels = [f'batch="{n}",speculation="{"on" if sp else "off"}"' for n, sp in keys]
-            for name, i, help_ in (
-                ("decode_steps_total", 0, "Decode-only steps by batch size (sequences) and speculation."),
-                ("decode_step_seconds_total", 1, "Time in those steps."),
-                ("decode_step_tokens_total", 2, "Tokens those steps emitted (tokens/seconds = throughput)."),
-            ):
-                _family(lines, name, "counter", help_,
-                        ((lab, self.by_batch[k][i]) for lab, k in zip(labels, keys)))
-        for name, (help_, value) in gauges.items():
-            _family(lines, name, "gauge", help_, [("", value)])
-        return "\n".join(lines) + "\n"
+            out.append(_gauge("acceptance_rate", "Accepted / drafted since start.", acc))
+            out += self._position_families()
+            out += self._batch_families()
+        out += [_gauge(name, help_, value) for name, (help_, value) in self._gauges.items()]
+        return out
+
+    def _requests_family(self) -> Metric:
+        fam = CounterMetricFamily(PREFIX + "requests_total", "HTTP generation requests by endpoint and outcome.",
+                                  labels=["endpoint", "outcome"])
+        for (endpoint, outcome), n in sorted(self.requests.items()):
+            fam.add_metric([endpoint, outcome], n)
+        return fam
+
+    def _position_families(self) -> list[Metric]:
+        drafted = CounterMetricFamily(PREFIX + "drafted_by_position_total",
+                                      "Draft tokens verified at each draft position (1-based).", labels=["position"])
+        accepted = CounterMetricFamily(PREFIX + "accepted_by_position_total",
+                                       "Draft tokens accepted at each draft position (1-based).", labels=["position"])
+        rate = GaugeMetricFamily(PREFIX + "acceptance_by_position", "Acceptance rate at each draft position.",
+                                 labels=["position"])
+        for i, (a, d) in enumerate(zip(self.accepted_by_pos, self.drafted_by_pos)):
+            pos = [str(i + 1)]
+            drafted.add_metric(pos, d)
+            accepted.add_metric(pos, a)
+            rate.add_metric(pos, a / d if d else 0.0)
+        return [drafted, accepted, rate]
+
+    def _batch_families(self) -> list[Metric]:
+        families = [CounterMetricFamily(PREFIX + name, help_, labels=["batch", "speculation"])
+                    for name, help_ in BATCH_COUNTERS]
+        for (n, spec), row in sorted(self.by_batch.items()):
+            for fam, value in zip(families, row):
+                fam.add_metric([str(n), "on" if spec else "off"], value)
+        return families
 
 
-def _family(lines: list[str], name: str, kind: str, help_: str,
-            samples: Iterable[tuple[str, float]]) -> None:
-    full = PREFIX + name
-    lines.append(f"# HELP {full} {help_}")
-    lines.append(f"# TYPE {full} {kind}")
-    for labels, value in samples:
-        lines.append(f"{full}{{{labels}}} {_num(value)}" if labels else f"{full} {_num(value)}")
+# (metric name, attribute, help): plain counters, in exposition order
+COUNTERS = (
+    ("prompt_tokens_total", "prompt_tokens", "Prompt tokens of admitted requests."),
+    ("generation_tokens_total", "generated_tokens", "Tokens generated."),
+    ("draft_tokens_total", "drafted", "Draft tokens verified by the target."),
+    ("accepted_tokens_total", "accepted", "Draft tokens the target accepted."),
+    ("rounds_total", "rounds", "Verify rounds over all sequences."),
+    ("draft_rounds_total", "draft_rounds", "Verify rounds that carried a draft."),
+    ("steps_total", "steps", "Batched decode steps."),
+    ("speculative_steps_total", "spec_steps", "Steps taken with speculation on."),
+    ("step_seconds_total", "step_seconds", "Time inside batched decode steps."),
+    ("batch_tokens_total", "batch_tokens", "Tokens decoded in steps (all sequences, drafts, prefill)."),
+    ("prefill_tokens_total", "prefill_tokens", "Prompt tokens decoded."),
+    ("speculation_toggles_total", "spec_toggles", "Times the batch-size rule switched speculation."),
+    ("request_seconds_total", "request_seconds", "Admission to end, summed over finished requests."),
+    ("time_to_first_token_seconds_total", "ttft_seconds", "Admission to first token, summed."),
+    ("requests_finished_total", "finished", "Generations that ended after admission."),
+)
+# decode-only steps by (batch size, speculation): the columns of Metrics.by_batch
+BATCH_COUNTERS = (
+    ("decode_steps_total", "Decode-only steps by batch size (sequences) and speculation."),
+    ("decode_step_seconds_total", "Time in those steps."),
+    ("decode_step_tokens_total", "Tokens those steps emitted (tokens/seconds = throughput)."),
+)
 
 
-def _num(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
+def _counter(name: str, help_: str, value: float) -> Metric:
+    return CounterMetricFamily(PREFIX + name, help_, value=value)
+
+
+def _gauge(name: str, help_: str, value: float) -> Metric:
+    return GaugeMetricFamily(PREFIX + name, help_, value=value)

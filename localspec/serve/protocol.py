@@ -1,26 +1,28 @@
 """The OpenAI wire format: request validation, response bodies, error bodies.
 
-Validation is explicit and table-driven: every field the OpenAI API defines for the
-endpoint is known; an unknown field, a wrong type or an out-of-range value is a 400 with
-`param` naming the field (the official client surfaces it as BadRequestError). Fields we
-understand but do not implement (n > 1, logprobs, penalties, tools) are rejected with a
-message saying so, rather than silently ignored. No llama_cpp and no HTTP here.
+Requests are validated by the pydantic models in schema.py; the first failure becomes
+a 400 with `param` naming the field (the official client surfaces it as
+BadRequestError) and `code` saying what is wrong: unknown_parameter,
+missing_required_parameter, invalid_type, invalid_value or unsupported_parameter (a
+field we understand but do not implement: n > 1, logprobs, penalties, tools). A valid
+body becomes a GenRequest. No llama_cpp and no HTTP here.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from localspec.core.engine import GenerationStats
+from localspec.serve import schema
 
-MAX_STOPS = 4
-CHAT_ROLES = {"system", "developer", "user", "assistant"}
+BodyT = TypeVar("BodyT", bound=schema.CommonBody)
 
 
 class ApiError(Exception):
@@ -69,167 +71,7 @@ class GenRequest:
     prediction: str | None = None  # chat: predicted output, a second n-gram draft source
 
 
-# ----- field checkers: (value, name) -> normalised value, or raise ApiError ----------
-
-Check = Callable[[Any, str], Any]
-
-
-def _type_name(v: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean",
-            type(None): "null"}.get(type(v), "number")
-
-
-def _wrong(name: str, want: str, v: Any) -> ApiError:
-    return bad_request(f"Invalid type for '{name}': expected {want}, but got {_type_name(v)}.", name,
-                       "invalid_type")
-
-
-def _integer(lo: int | None = None, hi: int | None = None, nullable: bool = True) -> Check:
-    def check(v: Any, name: str) -> Any:
-        if v is None and nullable:
-            return None
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise _wrong(name, "an integer", v)
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise bad_request(f"'{name}' must be between {lo} and {hi}, got {v}.", name,
-                              "invalid_value")
-        return v
-    return check
-
-
-def _number(lo: float, hi: float) -> Check:
-    def check(v: Any, name: str) -> Any:
-        if v is None:
-            return None
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            raise _wrong(name, "a number", v)
-        if not lo <= v <= hi:
-            raise bad_request(f"'{name}' must be between {lo} and {hi}, got {v}.", name,
-                              "invalid_value")
-        return float(v)
-    return check
-
-
-def _boolean(v: Any, name: str) -> Any:
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise _wrong(name, "a boolean", v)
-    return v
-
-
-def _string(v: Any, name: str) -> Any:
-    if not isinstance(v, str):
-        raise _wrong(name, "a string", v)
-    return v
-
-
-def _any(v: Any, name: str) -> Any:
-    return v
-
-
-def _only(default: Any, what: str) -> Check:
-    """A known field whose only supported value is its default (or null)."""
-    def check(v: Any, name: str) -> Any:
-        if v is None or v == default or (isinstance(default, (list, dict)) and not v):
-            return None
-        raise bad_request(f"'{name}' is not supported by this server ({what}).", name,
-                          "unsupported_parameter")
-    return check
-
-
-def _stop(v: Any, name: str) -> Any:
-    if v is None:
-        return ()
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise _wrong(name, "a string or an array of strings", v)
-    if len(v) > MAX_STOPS:
-        raise bad_request(f"'{name}' takes at most {MAX_STOPS} sequences.", name, "invalid_value")
-    return tuple(s for s in v if s)
-
-
-def _stream_options(v: Any, name: str) -> Any:
-    if v is None:
-        return False
-    if not isinstance(v, dict):
-        raise _wrong(name, "an object", v)
-    unknown = set(v) - {"include_usage"}
-    if unknown:
-        raise bad_request(f"Unrecognized field in '{name}': {min(unknown)}", name)
-    return _boolean(v.get("include_usage"), f"{name}.include_usage")
-
-
-def _response_format(v: Any, name: str) -> Any:
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise _wrong(name, "an object", v)
-    if v.get("type", "text") != "text":
-        raise bad_request(f"'{name}' type {v.get('type')!r} is not supported (text only).", name,
-                          "unsupported_parameter")
-    return None
-
-
-def _prediction(v: Any, name: str) -> Any:
-    # OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise _wrong(name, "an object", v)
-    if v.get("type") != "content" or set(v) - {"type", "content"}:
-        raise bad_request(f"'{name}' must be {{\"type\": \"content\", \"content\": ...}}.", name,
-                          "invalid_value")
-    return _content(v.get("content"), f"{name}.content")
-
-
-COMMON: dict[str, Check] = {
-    "model": _string,
-    "max_tokens": _integer(1, None),
-    "temperature": _number(0.0, 2.0),
-    "top_p": _number(0.0, 1.0),
-    "n": _only(1, "one choice per request"),
-    "stream": _boolean,
-    "stream_options": _stream_options,
-    "stop": _stop,
-    "seed": _integer(-(2**63), 2**63 - 1),
-    "presence_penalty": _only(0, "no penalties"),
-    "frequency_penalty": _only(0, "no penalties"),
-    "logit_bias": _only({}, "no logit bias"),
-    "user": _any,
-    # extensions (llama.cpp server spellings)
-    "top_k": _integer(0, None),
-    "min_p": _number(0.0, 1.0),
-    "ignore_eos": _boolean,
-}
-CHAT: dict[str, Check] = {
-    **COMMON,
-    "messages": _any,  # checked by _messages
-    "max_completion_tokens": _integer(1, None),
-    "logprobs": _only(False, "no logprobs"),
-    "top_logprobs": _only(0, "no logprobs"),
-    "response_format": _response_format,
-    "tools": _only([], "no tool calls"),
-    "tool_choice": _only("none", "no tool calls"),
-    "parallel_tool_calls": _any,
-    "functions": _only([], "no function calls"),
-    "function_call": _only("none", "no function calls"),
-    "metadata": _any,
-    "store": _only(False, "nothing is stored"),
-    "service_tier": _any,
-    "prediction": _prediction,
-}
-COMPLETION: dict[str, Check] = {
-    **COMMON,
-    "prompt": _any,  # checked by _prompt
-    "echo": _only(False, "no echo"),
-    "logprobs": _only(0, "no logprobs"),
-    "suffix": _only("", "no suffix"),
-    "best_of": _only(1, "one choice per request"),
-}
+# ----- validation: pydantic models (schema.py) -> GenRequest, or a 400 ----------------
 
 
 def parse_json(raw: bytes) -> dict:
@@ -244,95 +86,79 @@ def parse_json(raw: bytes) -> dict:
     return body
 
 
-def _fields(body: dict, table: dict[str, Check], required: tuple[str, ...]) -> dict:
-    for name in body:
-        if name not in table:
-            raise bad_request(f"Unrecognized request argument supplied: {name}", name,
-                              "unknown_parameter")
-    for name in required:
-        if body.get(name) is None:
-            raise bad_request(f"Missing required parameter: '{name}'.", name, "missing_required_parameter")
-    return {name: table[name](body[name], name) for name in body}
-
-
-def _common(kind: str, f: dict, **extra: Any) -> GenRequest:
-    return GenRequest(
-        kind=kind, model=f["model"], stream=f.get("stream", False),
-        include_usage=f.get("stream_options", False), stop=f.get("stop", ()),
-        temperature=f.get("temperature"), top_p=f.get("top_p"), top_k=f.get("top_k"),
-        min_p=f.get("min_p"), seed=f.get("seed"), ignore_eos=f.get("ignore_eos", False),
-        **extra,
-    )
-
-
 def parse_completion(body: dict) -> GenRequest:
     """Validate a /v1/completions body."""
-    f = _fields(body, COMPLETION, ("model", "prompt"))
-    return _common("completion", f, prompt=_prompt(body["prompt"]), max_tokens=f.get("max_tokens"))
+    b = _validate(schema.CompletionBody, body)
+    return _common("completion", b, prompt=b.prompt, max_tokens=b.max_tokens)
 
 
 def parse_chat(body: dict) -> GenRequest:
     """Validate a /v1/chat/completions body."""
-    f = _fields(body, CHAT, ("model", "messages"))
-    max_tokens = f.get("max_completion_tokens") or f.get("max_tokens")
-    return _common("chat", f, messages=_messages(body["messages"]), max_tokens=max_tokens,
-                   prediction=f.get("prediction"))
+    b = _validate(schema.ChatBody, body)
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": schema.text_of(m.content)}
+                for m in b.messages]
+    prediction = schema.text_of(b.prediction.content) if b.prediction else None
+    return _common("chat", b, messages=messages, max_tokens=b.max_completion_tokens or b.max_tokens,
+                   prediction=prediction)
 
 
-def _prompt(v: Any) -> str | list[int]:
-    # OpenAI accepts a string, an array of strings, tokens, or arrays of tokens; one prompt here
-    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
-        v = v[0]
-    if isinstance(v, str):
-        if not v:
-            raise bad_request("'prompt' must not be empty.", "prompt", "invalid_value")
-        return v
-    if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        return list(v)
-    if isinstance(v, list) and len(v) > 1 and all(isinstance(p, (str, list)) for p in v):
-        raise bad_request("One prompt per request: batch prompts are not supported.", "prompt",
-                          "unsupported_parameter")
-    raise _wrong("prompt", "a string or an array of token ids", v)
+def _common(kind: str, b: schema.CommonBody, **extra: Any) -> GenRequest:
+    return GenRequest(
+        kind=kind, model=b.model, stream=bool(b.stream),
+        include_usage=bool(b.stream_options and b.stream_options.include_usage),
+        stop=tuple(s for s in b.stop or () if s), temperature=b.temperature, top_p=b.top_p,
+        top_k=b.top_k, min_p=b.min_p, seed=b.seed, ignore_eos=bool(b.ignore_eos), **extra,
+    )
 
 
-def _content(v: Any, name: str) -> str:
-    if isinstance(v, str):
-        return v
-    if isinstance(v, list):
-        parts = []
-        for i, part in enumerate(v):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"'{name}[{i}]': only text content parts are supported.",
-                                  f"{name}[{i}]", "unsupported_parameter")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _wrong(name, "a string or an array of content parts", v)
+def _validate(model: type[BodyT], body: dict) -> BodyT:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        # one error, as OpenAI reports: unknown fields first, then missing ones, then the rest
+        errors = sorted(exc.errors(), key=lambda e: _RANK.get(e["type"], 2))
+        raise _api_error(errors[0]) from None
 
 
-def _messages(v: Any) -> list[dict]:
-    if not isinstance(v, list):
-        raise _wrong("messages", "an array", v)
-    if not v:
-        raise bad_request("'messages' must contain at least one message.", "messages", "invalid_value")
-    out = []
-    for i, m in enumerate(v):
-        name = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise _wrong(name, "an object", m)
-        role = m.get("role")
-        if role not in CHAT_ROLES:
-            raise bad_request(f"'{name}.role' must be one of {sorted(CHAT_ROLES)}, got {role!r}.",
-                              f"{name}.role", "invalid_value")
-        unknown = set(m) - {"role", "content", "name"}
-        if unknown:
-            raise bad_request(f"Unrecognized field in '{name}': {min(unknown)}", name,
-                              "unknown_parameter")
-        if "content" not in m:
-            raise bad_request(f"Missing required parameter: '{name}.content'.", f"{name}.content",
-                              "missing_required_parameter")
-        content = _content(m["content"], f"{name}.content")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+_RANK = {"extra_forbidden": 0, "missing": 1}
+_NO_INPUT = {schema.INVALID, "too_short", "too_long"}  # messages that already say enough
+_EXPECTED = {"string_type": "a string", "int_type": "an integer", "float_type": "a number",
+             "bool_type": "a boolean", "list_type": "an array", "model_type": "an object",
+             "dict_type": "an object"}
+
+
+def _api_error(err: ErrorDetails) -> ApiError:
+    """A pydantic error as OpenAI's 400: `param` is the field's path, e.g. messages[0].role."""
+    loc, kind, msg = err["loc"], err["type"], err["msg"]
+    param = _param(loc)
+    if kind == "extra_forbidden":
+        if len(loc) == 1:
+            return bad_request(f"Unrecognized request argument supplied: {param}", param, "unknown_parameter")
+        parent = _param(loc[:-1])
+        return bad_request(f"Unrecognized field in '{parent}': {loc[-1]}", parent, "unknown_parameter")
+    if kind == "missing":
+        return bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
+    if kind in _EXPECTED or kind == schema.WRONG_TYPE:
+        want = _EXPECTED.get(kind, msg)
+        return bad_request(f"Invalid type for '{param}': expected {want}, but got {_type_name(err['input'])}.",
+                           param, "invalid_type")
+    if kind == schema.UNSUPPORTED:
+        return bad_request(f"'{param}': {msg}.", param, "unsupported_parameter")
+    got = "" if kind in _NO_INPUT else f", got {json.dumps(err['input'], default=str)[:80]}"
+    return bad_request(f"Invalid value for '{param}': {msg}{got}.", param, "invalid_value")
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    """('messages', 0, 'content') -> 'messages[0].content'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean",
+            type(None): "null"}.get(type(v), "number")
 
 
 # ----- responses ------------------------------------------------------------------

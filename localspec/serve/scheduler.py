@@ -5,10 +5,12 @@ Each step:
   2. speculation rule: on while at most `spec_disable_by_batch_size` sequences are
      active (vLLM's --speculative-disable-by-batch-size): with a full batch the machine
      is compute-bound, and a rejected draft token is compute taken from another user
-  3. every decoding sequence plans [id_last] or [id_last, *draft]; prompts still
+  3. every decoding sequence plans its round, [id_last] or [id_last, *draft] (the
+     engine's Generation.plan: the same round generate() runs); prompts still
      prefilling add a chunk (at most `prefill_chunk` tokens per step in all, so a long
      prompt delays the others by one chunk per step, not by its whole length)
   4. ONE decode_multi for all of it; each sequence accepts from its own rows
+     (Generation.accept: verify, rewind its rejected cells, the round's events)
   5. finished, cancelled and failed sequences free their cells at once
 A failure while planning, decoding or accepting fails only the request it belongs to: a
 failed batched decode is retried one sequence at a time to find the culprit.
@@ -31,7 +33,7 @@ import numpy as np
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
-from localspec.core.engine import GenerationStats
+from localspec.core.engine import GenerationStats, Round, Token
 from localspec.core.runtime import make_drafter
 from localspec.serve.metrics import Metrics
 from localspec.serve.sequence import SeqState
@@ -225,7 +227,7 @@ class Scheduler:
     def _step(self) -> None:
         for a in self.active:
             if a.job.cancelled.is_set() and not a.state.done:
-                a.state.stats.stop_reason = "cancelled"
+                a.state.cancel()
         self._retire()
         if not self.active:
             return
@@ -238,7 +240,7 @@ class Scheduler:
         entries: list[tuple[int, list[int], int]] = []
         owners: list[_Active] = []
         for a in decoding:
-            toks = self._guard(a, a.state.plan, speculate, k_cap)
+            toks = self._guard(a, a.state.plan, k_cap if speculate else 0)
             if toks:
                 entries.append((a.state.seq, toks, len(toks)))
                 owners.append(a)
@@ -289,10 +291,12 @@ class Scheduler:
             self.metrics.first_token(st.stats.generated - before)
         else:
             events = st.accept(rows, dt)
-            self.metrics.round(*st.last_round, st.stats.generated - before)
-        text = "".join(ev.text for ev in events)
+            rnd: Round = events[0]  # accept() returns the Round first, then the tokens
+            self.metrics.round(rnd.n_draft, rnd.n_accept, st.stats.generated - before)
+        tokens = [ev for ev in events if isinstance(ev, Token)]
+        text = "".join(ev.text for ev in tokens)
         if text:
-            a.job.emit(Text(text, len(events)))
+            a.job.emit(Text(text, len(tokens)))
         return st.stats.generated - before
 
     def _retire(self) -> None:

@@ -25,6 +25,8 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 
+import numpy as np
+
 from localspec.core.drafters.base import Draft, Drafter, DrafterBase
 from localspec.models.profile import Profile
 
@@ -133,6 +135,11 @@ class AcceptModel:
             self.count(i, i < n_accept)
 
 
+def expected_tokens(rates: Sequence[float]) -> float:
+    """E = 1 + sum_j prod_{i<=j} a_i: tokens a round yields drafting len(rates) tokens."""
+    return 1.0 + float(np.cumprod(rates).sum())
+
+
 def best_k(rates: Sequence[float], cost: CostModel, c: float) -> tuple[int, float, float]:
     """(k, expected tokens, expected tokens per one-token time); k = 0 is plain decode."""
     best = (0, 1.0, 1.0 / cost.v(1))
@@ -179,8 +186,9 @@ class AutoDrafter(DrafterBase):
         self.rounds = 0
         # n-gram candidates not fully scored: (context length, candidate, bucket, scored)
         self._pending: list[tuple[int, list[int], int, int]] = []
-        self.choices: dict[tuple[str, int], list[float]] = {}  # (source, k) -> [n, expected, realised]
-        self._last: tuple[str, int, float] = ("none", 0, 1.0)  # (source, k, expected tokens)
+        # (source, k, probe) -> [rounds, expected tokens, realised tokens]
+        self.choices: dict[tuple[str, int, bool], list[float]] = {}
+        self._last = ("none", 0, 1.0, False)  # (source, k, expected tokens, probe)
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._pending = []
@@ -193,7 +201,7 @@ class AutoDrafter(DrafterBase):
         k = min(k, self.k_max)
         self._settle(context)
         found = self.ngram.draft(context, k)
-        plan = ("none", 0, 1.0)
+        plan = ("none", 0, 1.0, False)  # (source, k, expected tokens, probe)
         # drafting must beat plain decoding by a margin: where the gain is within the
         # noise of the cost and acceptance estimates, plain decoding is the safe bet
         best_rate = (1.0 + MARGIN) / self.cost.v(1)
@@ -203,15 +211,18 @@ class AutoDrafter(DrafterBase):
             self._pending.append((len(context), found.tokens, b, 0))
             kk, exp, rate = best_k(self.ngram_acc[b].rates(len(found.tokens)), self.cost, 0.0)
             if kk and rate >= best_rate:
-                plan, best_rate = ("ngram", kk, exp), rate
+                plan, best_rate = ("ngram", kk, exp, False), rate
         if self.model is not None and self._model_could_pay(k):
             kk, exp, rate = best_k(self.model_acc.rates(k), self.cost, self.cost.c())
-            if rate < best_rate and plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2:
-                kk, exp, rate = 2, 1.0, best_rate  # probe: taken although it scores no better
             if kk and rate >= best_rate and (plan[0] == "none" or rate > best_rate):
-                plan, best_rate = ("model", kk, exp), rate
+                plan, best_rate = ("model", kk, exp, False), rate
+            elif plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2:
+                # probe: taken although it scores no better, so model_acc can learn; it
+                # reports what the acceptance model expects of it, as a probe
+                kk = min(2, k)
+                plan = ("model", kk, expected_tokens(self.model_acc.rates(kk)), True)
         self._last = plan
-        source, kk, _ = plan
+        source, kk, _, _ = plan
         if source == "ngram":
             return Draft(tokens=found.tokens[:kk], source="ngram", match_len=found.match_len)
         if source == "model":
@@ -253,19 +264,21 @@ class AutoDrafter(DrafterBase):
         return self._model_pays
 
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
-        source, _, expected = self._last
+        source, _, expected, probe = self._last
         self.cost.observe_verify(n_draft + 1, verify_s)
         if source == "model" and n_draft:  # n-gram acceptance is learned in _settle
             self.model_acc.observe(n_draft, n_accept)
             self.cost.observe_draft(n_draft, draft_s)
-        row = self.choices.setdefault((source, n_draft), [0, 0.0, 0.0])
+        row = self.choices.setdefault((source, n_draft, probe), [0, 0.0, 0.0])
         row[0] += 1
         row[1] += expected
         row[2] += n_accept + 1
 
     def report(self) -> dict:
-        """How often each (drafter, k) was chosen, expected vs realised tokens per round."""
+        """How often each (drafter, k) was chosen, expected vs realised tokens per round;
+        probes of a written-off draft model ("model:2 probe") apart from its choices."""
         return {
-            f"{src}:{k}": {"rounds": int(n), "expected": e / n, "realised": r / n}
-            for (src, k), (n, e, r) in sorted(self.choices.items())
+            f"{src}:{k}" + (" probe" if probe else ""):
+                {"rounds": int(n), "expected": e / n, "realised": r / n}
+            for (src, k, probe), (n, e, r) in sorted(self.choices.items())
         }

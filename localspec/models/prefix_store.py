@@ -1,5 +1,6 @@
-"""The prefix cache: KV states of prompt prefixes kept on disk, so a prompt that starts
-with a prefix seen before (an edit of the same unchanged file) prefills only the rest.
+"""The prefix cache (PrefixStore): KV states of prompt prefixes kept on disk, so a
+prompt that starts with a prefix seen before (an edit of the same unchanged file)
+prefills only the rest. (In-memory prefix reuse is backend.PrefixCache's.)
 
 An entry is one file, `<key>.kv` under `cache_dir()/prefix`, where the key hashes the
 model's identity and the prefix tokens. It holds a magic, a JSON header, the tokens
@@ -10,8 +11,8 @@ and the state llama.cpp serialised for them:
 The header names the model key, the token count, the state's size and a sha256 of
 tokens + state. A restore checks all of it (and llama.cpp checks the state's shape) and
 treats any difference as a miss: a wrong state would silently corrupt the output.
-Entries are written to a temp file and renamed into place, and not fsynced: the cache
-can always be rebuilt, and a torn write after a crash fails the checksum. The total
+Entries are written atomically (files.write_atomic); a torn file could only fail the
+checksum anyway. The total
 size is capped (LOCALSPEC_PREFIX_CACHE_MB, default 1024; 0 turns the cache off); the
 least recently used entries (by mtime, touched on every hit) go first.
 """
@@ -22,7 +23,6 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -33,7 +33,8 @@ import numpy as np
 
 from localspec.core import backend
 from localspec.core.backend import Model
-from localspec.core.engine import GenerationStats
+from localspec.core.events import GenerationStats
+from localspec.files import write_atomic
 from localspec.models import paths
 
 MAGIC = b"LSPREFX1"
@@ -78,7 +79,7 @@ class Hit:
     prefill_s: float | None
 
 
-class PrefixCache:
+class PrefixStore:
     """Entries under `root` (default: cache_dir()/prefix), at most `cap` bytes in all."""
 
     def __init__(self, root: Path | None = None, cap: int | None = None,
@@ -173,7 +174,7 @@ class PrefixCache:
         path = self.path_for(model, tokens)
         try:
             paths.ensure(self.root)
-            _write_atomic(path, [MAGIC, struct.pack("<I", len(header)), header, toks, data])
+            write_atomic(path, b"".join([MAGIC, struct.pack("<I", len(header)), header, toks, data]))
         except OSError:
             return False
         self.evict(keep=path)
@@ -206,18 +207,6 @@ class PrefixCache:
         return sorted(self.root.glob("*.kv"))
 
 
-def _write_atomic(path: Path, parts: Sequence[bytes | bytearray]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for part in parts:
-                f.write(part)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(Path(tmp))
-        raise
-
-
 def _unlink(path: Path) -> None:
     try:
         path.unlink()
@@ -248,7 +237,7 @@ class PrefixUse:
         stats.cache_s += self.cache_s
 
 
-def warm_prefix(model: Model, prefix: Sequence[int], cache: PrefixCache | None,
+def warm_prefix(model: Model, prefix: Sequence[int], cache: PrefixStore | None,
                 should_stop: Callable[[], bool] | None = None) -> PrefixUse:
     """Make `model`'s sequence 0 hold exactly `prefix`: what it already holds is kept,
     else the cache restores it, else it is prefilled (in batches of its own, so a later

@@ -1,0 +1,88 @@
+"""The measurements behind a calibration profile (`localspec tune`): the target's
+one-token decode time and verify cost curve V(n), its prefill speed, and the draft
+model's one-token time. Medians of repeated timings at a few batch sizes
+(profile.vcurve_sizes), linear in between; `bench --vcurve` (vcurve.py) measures every
+size, best of its repeats, for the report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from localspec.models.profile import N_MAX, Profile, Setup, vcurve_sizes
+
+if TYPE_CHECKING:
+    from localspec.core.backend import Model
+
+
+def _time_decode(model: Model, base: list[int], n: int, reps: int) -> float:
+    """Median seconds to decode n tokens (all rows' logits) after `base`."""
+    times = []
+    toks = [base[i % len(base)] for i in range(n)]
+    for _ in range(reps):
+        model.rewind(len(base))
+        t0 = time.perf_counter()
+        rows = model.decode(toks, "all")
+        float(rows[-1, 0])  # touch the output
+        times.append(time.perf_counter() - t0)
+    model.rewind(len(base))
+    return float(np.median(times))
+
+
+def measure_vcurve(model: Model, n_max: int = N_MAX, reps: int = 3,
+                   tick: Callable[[], None] | None = None) -> tuple[float, list[float]]:
+    """(seconds for one token, [V(1)..V(n_max)]) on a short warm context: the median of
+    `reps` timings at each of vcurve_sizes(n_max), linear in between."""
+    base = model.tokenize("def measure(n):\n    return sum(range(n)) * 2\n" * 4)
+    model.rewind(0)
+    model.decode(base, "last")
+    t1 = _time_decode(model, base, 1, reps * 3)
+    sizes = vcurve_sizes(n_max)
+    measured = []
+    for n in sizes:
+        measured.append(_time_decode(model, base, n, reps) / t1 if n > 1 else 1.0)
+        if tick:
+            tick()
+    model.rewind(0)
+    curve = np.interp(np.arange(1, n_max + 1), sizes, measured)
+    return t1, [float(v) for v in curve]
+
+
+def measure_token_time(model: Model, reps: int = 12) -> float:
+    base = model.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
+    model.rewind(0)
+    model.decode(base, "last")
+    t = _time_decode(model, base, 1, reps)
+    model.rewind(0)
+    return t
+
+
+def measure_prefill(model: Model, n_tokens: int = 256) -> float:
+    toks = model.tokenize("Speculative decoding drafts, verifies and keeps a prefix. " * 64)[:n_tokens]
+    model.rewind(0)
+    t0 = time.perf_counter()
+    model.decode(toks, "last")
+    dt = time.perf_counter() - t0
+    model.rewind(0)
+    return len(toks) / dt
+
+
+def calibrate(target: Model, draft: Model | None, setup: Setup, n_max: int = N_MAX,
+              tick: Callable[[], None] | None = None) -> Profile:
+    """Measure everything a profile of `setup` (runtime.setup_of(target, draft)) holds;
+    under a minute for the default pair on 2 cores."""
+    t1, curve = measure_vcurve(target, n_max, tick=tick)
+    prefill = measure_prefill(target)
+    if tick:
+        tick()
+    draft_t = measure_token_time(draft) if draft is not None else None
+    if tick:
+        tick()
+    return Profile(
+        key=setup.key, target=target.name, draft=draft.name if draft else None,
+        device=setup.device, n_threads=setup.n_threads, n_gpu_layers=setup.n_gpu_layers,
+        t_token_s=t1, vcurve=curve, prefill_tok_s=prefill, draft_t_token_s=draft_t,
+    )

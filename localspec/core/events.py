@@ -1,0 +1,124 @@
+"""What a generation yields: typed events (Token, Round, Done) and its statistics.
+Every consumer (run, edit, chat, serve, bench, the tests) reads these; the engine
+(engine.py) produces them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One generated token. `text` is what may be shown now (it can be empty while a
+    split UTF-8 character or a possible stop string is held back)."""
+
+    id: int
+    text: str
+    from_draft: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One verify step: how many tokens were drafted, and how many the target kept."""
+
+    n_draft: int
+    n_accept: int
+    source: str
+    k: int
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # decoded at prefill; fewer than prompt_tokens when a prefix was cached
+    prefill_s: float = 0.0
+    generated: int = 0
+    rounds: int = 0
+    draft_rounds: int = 0  # rounds that verified a non-empty draft
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0  # time in the drafter
+    verify_s: float = 0.0  # time in the target's batched decode
+    llama_s: float = 0.0  # time inside llama_decode, target and draft model together
+    decode_s: float = 0.0  # wall time from first token to the end
+    drafted_by_pos: list[int] = field(default_factory=list)
+    accepted_by_pos: list[int] = field(default_factory=list)
+    drafter: str = "none"
+    stop_reason: str = ""
+    policy: dict = field(default_factory=dict)  # auto: (drafter:k) -> rounds, expected, realised
+    # set by callers that restore a prompt prefix from the on-disk prefix cache before
+    # generate() (which then prefills only the rest); generate() leaves them alone
+    restored_tokens: int = 0  # prompt tokens whose KV state came from the prefix cache
+    cache_s: float = 0.0  # time spent restoring them (or storing the prefix on a miss)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted draft tokens per round that drafted."""
+        return self.accepted / self.draft_rounds if self.draft_rounds else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.generated / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def overhead(self) -> float:
+        """Share of decode time spent outside llama.cpp (Python, numpy, drafting)."""
+        return max(0.0, 1.0 - self.llama_s / self.decode_s) if self.decode_s > 0 else 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token: prefill, and the prefix cache's restore or store."""
+        return self.prefill_s + self.cache_s
+
+    @property
+    def wall_s(self) -> float:
+        """End to end, from the start of the prefill to the last token."""
+        return self.ttft_s + self.decode_s
+
+    def acceptance_by_pos(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for name in ("acceptance", "mean_accepted", "tokens_per_round", "tokens_per_s", "overhead",
+                     "ttft_s", "wall_s"):
+            out[name] = getattr(self, name)
+        out["acceptance_by_pos"] = self.acceptance_by_pos()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """End of a generation. `text` is held-back text released at the end."""
+
+    stats: GenerationStats
+    text: str = ""
+
+
+Event = Token | Round | Done
+
+
+def count_round(stats, n_draft: int, n_accept: int) -> None:
+    """Add one verify round to round/draft/acceptance counters (GenerationStats or any
+    object with the same fields, e.g. the server's metrics)."""
+    stats.rounds += 1
+    if n_draft == 0:
+        return
+    stats.draft_rounds += 1
+    stats.drafted += n_draft
+    stats.accepted += n_accept
+    while len(stats.drafted_by_pos) < n_draft:
+        stats.drafted_by_pos.append(0)
+        stats.accepted_by_pos.append(0)
+    for i in range(n_draft):
+        stats.drafted_by_pos[i] += 1
+        if i < n_accept:
+            stats.accepted_by_pos[i] += 1
