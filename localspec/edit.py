@@ -224,19 +224,32 @@ def reply_prefix(region: Region, name: str) -> str:
 
 def build_prompt(target: Model, region: Region, name: str, n_lines: int,
                  instruction: str) -> list[int]:
-    """Prompt tokens: chat template, then our opening fence as the reply's start. The
-    file and the instruction are tokenized as plain text: a literal "<|im_end|>" in a
-    file must not become a control token."""
+    """Prompt tokens: chat template, then our opening fence as the reply's start."""
+    return build_prompt_parts(target, region, name, n_lines, instruction)[0]
+
+
+def build_prompt_parts(target: Model, region: Region, name: str, n_lines: int,
+                       instruction: str) -> tuple[list[int], int]:
+    """(prompt tokens, length of the prefix that does not depend on the instruction).
+
+    The prefix (system prompt, file name, the text) comes before the instruction, so its
+    KV state can be kept and a second edit of the same text prefills only the rest; each
+    part is tokenized on its own, so the prefix's tokens never depend on what follows.
+    The text and the instruction are tokenized as plain text: a literal "<|im_end|>" in
+    a file must not become a control token."""
     text = render_chat(target, build_messages(region, name, n_lines)) + reply_prefix(region, name)
     before, rest = text.split(BODY_MARK)
     middle, after = rest.split(INSTRUCTION_MARK)
-    return [
+    prefix = [
         *target.tokenize(before, add_special=True, parse_special=True),
         *target.tokenize(region.body, add_special=False, parse_special=False),
         *target.tokenize(middle, add_special=False, parse_special=True),
+    ]
+    return [
+        *prefix,
         *target.tokenize(instruction.strip(), add_special=False, parse_special=False),
         *target.tokenize(after, add_special=False, parse_special=True),
-    ]
+    ], len(prefix)
 
 
 class FenceReader:

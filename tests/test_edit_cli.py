@@ -12,6 +12,7 @@ import ast
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import stat
@@ -148,6 +149,31 @@ def test_ctrl_c_writes_nothing(tmp_path, smol_path):
     assert b"Traceback" not in err
     assert p.read_bytes() == original
     assert sorted(x.name for x in tmp_path.iterdir()) == ["inventory.py"]
+
+
+def _prefill(stderr: str) -> tuple[int, int]:
+    """(tokens prefilled, tokens restored from the prefix cache) from the summary line."""
+    m = re.search(r"first token [\d.]+ s \(prefill ([\d,]+) tok [\d.]+ s(?:, ([\d,]+) tok from the prefix cache)?",
+                  stderr)
+    assert m, stderr
+    return int(m.group(1).replace(",", "")), int((m.group(2) or "0").replace(",", ""))
+
+
+def test_second_edit_of_the_same_file_prefills_only_the_instruction(tmp_path, smol_path):
+    p = tmp_path / "inventory.py"
+    p.write_text("".join((WORKLOADS / "inventory.py").read_text().splitlines(keepends=True)[:24]))
+    args = (str(p), "-m", smol_path, "-t", "1", "-n", "8", "--dry-run")
+    first = edit_cli(*args, "-i", "Rename Item to Product.")
+    second = edit_cli(*args, "-i", "Rename Item to Product.")
+    third = edit_cli(*args, "-i", "Rename Item to Article.", "--no-prefix-cache")
+    for r in (first, second, third):
+        assert r.exit_code == 1 and "token limit" in r.stderr, r.output  # -n 8: unfinished
+    cold, warm, off = _prefill(first.stderr), _prefill(second.stderr), _prefill(third.stderr)
+    assert cold[1] == 0 and "stored in the prefix cache" in first.stderr
+    assert warm[1] > 200 and warm[0] + warm[1] == cold[0] and warm[0] < 40  # the instruction
+    assert off[1] == 0 and off[0] > 200
+    assert re.search(r"\| decode [\d.]+ tok/s.*\| wall [\d.]+ s", second.stderr), second.stderr
+    assert len(list((tmp_path / "home" / "cache" / "prefix").glob("*.kv"))) == 1
 
 
 # ----- real edits with the default target ------------------------------------------------------

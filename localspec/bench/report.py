@@ -19,14 +19,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from localspec.bench.runner import Result
+from localspec.bench.results import Result
 from localspec.bench.vcurve import VCurve
 from localspec.bench.workloads import tag_rank
 from localspec.core.errors import LocalspecError
 
 LEGEND = (
     "tok/s: decode speed (first token to last). speedup: tok/s over `none` on the same "
-    "workload in the same run. cpu: the same ratio in this process's CPU seconds, steadier "
+    "workload in the same run. wall: the same ratio end to end (prefill included). ttft: "
+    "time to first token, per run; prefill: prompt tokens decoded for it (+N cached: "
+    "restored from the prefix cache, --prefix-cache). cpu: the decode ratio in this "
+    "process's CPU seconds, steadier "
     "when other processes compete for the cores (unless llama.cpp's threads spin: -t 1 "
     "avoids that). accept: accepted / drafted tokens. tok/rnd: tokens per "
     "drafting round (accepted + the target's own). E(a,k): theory for that acceptance "
@@ -52,6 +55,21 @@ def _console(stderr: bool = False) -> Console:
     return c if c.is_terminal else Console(stderr=stderr, width=160)
 
 
+def _x(ratio: float | None) -> str:
+    return _f(ratio, ".2f") + ("x" if ratio else "")
+
+
+def _secs(x: float | None) -> str:
+    return _f(x, ".2f") + ("s" if x is not None else "")
+
+
+def _prefill(r: Result) -> str:
+    """Prompt tokens decoded before the first token, and those the prefix cache restored."""
+    tokens, restored = r.mean("prefill_tokens"), r.mean("restored")
+    text = _f(tokens, ".0f")
+    return text + f" +{restored:.0f} cached" if restored else text
+
+
 # ----- per tag --------------------------------------------------------------------------
 
 
@@ -67,6 +85,8 @@ def by_tag(results: Sequence[Result]) -> list[dict[str, Any]]:
         secs = sum(r.decode_s for r in rs)
         ups = [r.speedup for r in rs if r.speedup]
         cpu_ups = [r.cpu_speedup for r in rs if r.cpu_speedup]
+        wall_ups = [r.wall_speedup for r in rs if r.wall_speedup]
+        ttfts = [x.ttft_s for r in rs for x in r.runs]
         drafted = sum(x.drafted for r in rs for x in r.runs)
         accepted = sum(x.accepted for r in rs for x in r.runs)
         statuses = [r.verdict.status for r in rs]
@@ -75,6 +95,8 @@ def by_tag(results: Sequence[Result]) -> list[dict[str, Any]]:
             "workloads": len(rs), "tokens": tokens,
             "tokens_per_s": round(tokens / secs, 3) if secs else None,
             "speedup": _geomean(ups), "cpu_speedup": _geomean(cpu_ups),
+            "wall_speedup": _geomean(wall_ups),
+            "ttft_s": round(sum(ttfts) / len(ttfts), 4) if ttfts else None,
             "acceptance": round(accepted / drafted, 4) if drafted else None,
             "identical": statuses.count("identical"), "near_tie": statuses.count("near-tie"),
             "mismatch": statuses.count("MISMATCH"),
@@ -102,8 +124,8 @@ def print_report(results: Sequence[Result], vcurve: VCurve | None, title: str) -
 
 def workload_table(results: Sequence[Result], title: str, with_pred: bool = False) -> Table:
     t = Table(title=title, title_justify="left")
-    cols = ["workload", "mode", "k", "tokens", "tok/s", "speedup", "cpu", "accept", "tok/rnd",
-            "E(a,k)", "k mean", "c", *(["pred"] if with_pred else []), "output"]
+    cols = ["workload", "mode", "k", "tokens", "tok/s", "speedup", "cpu", "wall", "ttft", "prefill",
+            "accept", "tok/rnd", "E(a,k)", "k mean", "c", *(["pred"] if with_pred else []), "output"]
     for col in cols:
         t.add_column(col, justify="left" if col in ("workload", "mode", "output") else "right")
     last = None
@@ -116,8 +138,8 @@ def workload_table(results: Sequence[Result], title: str, with_pred: bool = Fals
         t.add_row(
             f"{r.workload} ({r.tag})" if r.variant.mode == "none" else "", r.variant.mode,
             str(r.variant.k or "-"), str(r.tokens), _f(r.tokens_per_s, ".2f"),
-            _f(r.speedup, ".2f") + ("x" if r.speedup else ""),
-            _f(r.cpu_speedup, ".2f") + ("x" if r.cpu_speedup else ""), _f(r.acceptance, ".0%"),
+            _x(r.speedup), _x(r.cpu_speedup), _x(r.wall_speedup),
+            _secs(r.mean("ttft_s")), _prefill(r), _f(r.acceptance, ".0%"),
             _f(r.tokens_per_draft_round, ".2f"), _f(r.expected, ".2f"), _f(r.k_mean, ".1f"),
             _f(r.c, ".3f"), *([_f(r.predicted_speedup, ".2f")] if with_pred else []), out,
             style=style,
@@ -127,7 +149,8 @@ def workload_table(results: Sequence[Result], title: str, with_pred: bool = Fals
 
 def tag_table(rows: Sequence[dict[str, Any]]) -> Table:
     t = Table(title="per tag (speedup: geometric mean over the tag's workloads)", title_justify="left")
-    for col in ("tag", "mode", "k", "workloads", "tokens", "tok/s", "speedup", "cpu", "accept", "outputs"):
+    for col in ("tag", "mode", "k", "workloads", "tokens", "tok/s", "speedup", "cpu", "wall", "ttft",
+                "accept", "outputs"):
         t.add_column(col, justify="left" if col in ("tag", "mode", "outputs") else "right")
     last = None
     for d in rows:
@@ -138,9 +161,9 @@ def tag_table(rows: Sequence[dict[str, Any]]) -> Table:
             f"{d[key]} {name}" for key, name in (("identical", "identical"), ("near_tie", "near-tie"),
                                                   ("mismatch", "MISMATCH")) if d[key])
         t.add_row(d["tag"], d["mode"], str(d["k"] or "-"), str(d["workloads"]), str(d["tokens"]),
-                  _f(d["tokens_per_s"], ".2f"), _f(d["speedup"], ".2f") + ("x" if d["speedup"] else ""),
-                  _f(d["cpu_speedup"], ".2f") + ("x" if d["cpu_speedup"] else ""),
-                  _f(d["acceptance"], ".0%"), outputs or "-")
+                  _f(d["tokens_per_s"], ".2f"), _x(d["speedup"]), _x(d["cpu_speedup"]),
+                  _x(d["wall_speedup"]), _secs(d["ttft_s"]), _f(d["acceptance"], ".0%"),
+                  outputs or "-")
     return t
 
 

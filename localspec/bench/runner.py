@@ -4,15 +4,19 @@ Variants are plain decoding (`none`), each speculative mode at each k, and optio
 the peer. With several repeats the order alternates (A B C, C B A, ...) so drift in
 machine load hits every variant alike. Speed is decode speed: tokens after the first
 over the time from the first token on (prefill is the same work for every variant and
-is left out, as in the engine's stats). Each output is compared with `none` token by
-token; batched verification is not bit-identical to one-token decoding in llama.cpp,
-so a divergence at a near-tie of the plain run (top-2 logit margin < NEAR_TIE) is
-reported as such, anything else as a mismatch.
+is left out, as in the engine's stats); the prefill is timed too, for the time to first
+token and the end-to-end (wall) speedup. With `Settings.prefix_cache`, edit tasks
+restore their file's KV state from the prefix cache (stored once, untimed, before the
+variants run), as a second `localspec edit` of the file would.
+
+Each output is compared with `none` token by token; batched verification is not
+bit-identical to one-token decoding in llama.cpp, so a divergence at a near-tie of the
+plain run (top-2 logit margin < NEAR_TIE) is reported as such, anything else as a
+mismatch.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -21,7 +25,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from localspec.acceptance import logdb
-from localspec.bench.vcurve import VCurve, expected_tokens
+from localspec.bench.results import Result, Run, Variant, Verdict
+from localspec.bench.vcurve import VCurve
 from localspec.bench.workloads import Prepared, Workload, prepare
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.engine import Done, GenerationStats, Token, generate
@@ -30,27 +35,13 @@ from localspec.core.runtime import Runtime, make_drafter
 if TYPE_CHECKING:
     from localspec.bench.peer import LlamaCppPythonPeer
     from localspec.core.backend import Model
+    from localspec.models.prefix_store import PrefixStore
+
+__all__ = ["NEAR_TIE", "Result", "Run", "Settings", "Variant", "Verdict", "compare",
+           "run_engine", "run_peer", "run_workload"]
 
 NEAR_TIE = 0.5  # top-2 logit margin; the same threshold as tests/test_real_models.py
 GREEDY = SamplingConfig(temperature=0.0)
-
-
-@dataclass(frozen=True)
-class Variant:
-    """How to decode: `mode` none | ngram | model | hybrid | auto | peer, `k` drafted
-    tokens at most per round; `spec` is what the engine gets (None for the peer)."""
-
-    mode: str
-    k: int = 0
-    spec: SpecConfig | None = None
-
-    @property
-    def label(self) -> str:
-        return self.mode if self.mode == "none" else f"{self.mode} k={self.k}"
-
-    @property
-    def uses_draft(self) -> bool:
-        return self.spec is not None and self.spec.mode in ("model", "hybrid", "auto")
 
 
 @dataclass(frozen=True)
@@ -59,6 +50,7 @@ class Settings:
     edit_n: int = 0  # token limit for edit tasks; 0: enough for the file
     repeats: int = 1
     log: bool = True  # append each generation to the acceptance log
+    prefix_cache: bool = False  # edit tasks: the file's KV state from the prefix cache
 
 
 class Progress(Protocol):
@@ -72,157 +64,6 @@ class NoProgress:
 
     def advance(self, n: int = 1) -> None:
         pass
-
-
-@dataclass
-class Run:
-    """One generation, reduced to what the report needs."""
-
-    ids: list[int]
-    decode_s: float
-    rounds: int = 0
-    draft_rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0
-    llama_s: float = 0.0
-    stop_reason: str = ""
-    cpu_s: float = 0.0  # this process's CPU time over the same span as decode_s
-
-
-@dataclass
-class Verdict:
-    """The output against `none`: identical, near-tie (diverged where the plain run's
-    top-2 margin was tiny), MISMATCH, or baseline (the `none` row itself)."""
-
-    status: str
-    index: int | None = None
-    margin: float | None = None
-
-    def __str__(self) -> str:
-        if self.index is None:
-            return self.status
-        return f"{self.status} @{self.index} (margin {self.margin:.2f})"
-
-
-@dataclass
-class Result:
-    """One variant on one workload, summed over repeats."""
-
-    workload: str
-    tag: str
-    variant: Variant
-    runs: list[Run]
-    verdict: Verdict
-    base_tps: float | None = None  # `none` on the same workload, same repeats
-    base_cpu_tps: float | None = None  # the same, per CPU second
-    vcurve: VCurve | None = None
-    error: str = ""
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(r.ids) for r in self.runs)
-
-    @property
-    def decode_s(self) -> float:
-        return sum(r.decode_s for r in self.runs)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-    @property
-    def speedup(self) -> float | None:
-        if not self.base_tps or not self.tokens_per_s:
-            return None
-        return self.tokens_per_s / self.base_tps
-
-    @property
-    def tokens_per_cpu_s(self) -> float:
-        cpu = self._sum("cpu_s")
-        return self.tokens / cpu if cpu > 0 else 0.0
-
-    @property
-    def cpu_speedup(self) -> float | None:
-        """Speedup in CPU time: on a busy machine with one thread per core for us, close
-        to what an idle machine would show, since waiting for a core costs no CPU time
-        (with more threads than free cores, llama.cpp's spinning inflates it)."""
-        if not self.base_cpu_tps or not self.tokens_per_cpu_s:
-            return None
-        return self.tokens_per_cpu_s / self.base_cpu_tps
-
-    def _sum(self, name: str) -> float:
-        return sum(getattr(r, name) for r in self.runs)
-
-    @property
-    def acceptance(self) -> float | None:
-        drafted = self._sum("drafted")
-        return self._sum("accepted") / drafted if drafted else None
-
-    @property
-    def k_mean(self) -> float | None:
-        """Mean draft length of the rounds that drafted."""
-        rounds = self._sum("draft_rounds")
-        return self._sum("drafted") / rounds if rounds else None
-
-    @property
-    def tokens_per_draft_round(self) -> float | None:
-        """Measured: accepted draft tokens + the target's own token, per drafting round."""
-        rounds = self._sum("draft_rounds")
-        return self._sum("accepted") / rounds + 1.0 if rounds else None
-
-    @property
-    def expected(self) -> float | None:
-        """Theory E(a, k) for the measured acceptance a and mean draft length k."""
-        a, k = self.acceptance, self.k_mean
-        return None if a is None or k is None else expected_tokens(a, k)
-
-    @property
-    def c(self) -> float | None:
-        """Drafting time per drafted token over plain decoding's time per token."""
-        drafted = self._sum("drafted")
-        if not drafted or not self.base_tps or self.variant.mode == "peer":
-            return None
-        return (self._sum("draft_s") / drafted) * self.base_tps
-
-    @property
-    def predicted_speedup(self) -> float | None:
-        """The cost model with this run's numbers: tokens / (rounds' cost in plain decodes),
-        a drafting round costing k*c + V(k+1) and a plain round 1."""
-        k, c, tpr = self.k_mean, self.c, self.tokens_per_draft_round
-        if self.vcurve is None or k is None or c is None or tpr is None:
-            return None
-        draft_rounds, rounds = self._sum("draft_rounds"), self._sum("rounds")
-        plain_rounds = rounds - draft_rounds
-        cost = draft_rounds * (k * c + self.vcurve.at(k + 1)) + plain_rounds
-        return (draft_rounds * tpr + plain_rounds) / cost if cost else None
-
-    @property
-    def overhead(self) -> float | None:
-        if self.variant.mode == "peer" or not self.decode_s:
-            return None
-        return max(0.0, 1.0 - self._sum("llama_s") / self.decode_s)
-
-    def to_dict(self) -> dict:
-        def r(x: float | None, nd: int = 4) -> float | None:
-            return None if x is None or not math.isfinite(x) else round(x, nd)
-
-        return {
-            "workload": self.workload, "tag": self.tag, "mode": self.variant.mode,
-            "k": self.variant.k, "label": self.variant.label, "repeats": len(self.runs),
-            "tokens": self.tokens, "decode_s": r(self.decode_s),
-            "tokens_per_s": r(self.tokens_per_s, 3), "speedup": r(self.speedup, 3),
-            "cpu_s": r(self._sum("cpu_s")), "cpu_speedup": r(self.cpu_speedup, 3),
-            "acceptance": r(self.acceptance), "k_mean": r(self.k_mean, 3),
-            "tokens_per_draft_round": r(self.tokens_per_draft_round, 3),
-            "expected_tokens_per_round": r(self.expected, 3),
-            "c": r(self.c), "predicted_speedup": r(self.predicted_speedup, 3),
-            "overhead": r(self.overhead), "rounds": int(self._sum("rounds")),
-            "drafted": int(self._sum("drafted")), "accepted": int(self._sum("accepted")),
-            "output": {"status": self.verdict.status, "diverged_at": self.verdict.index,
-                       "margin": r(self.verdict.margin)},
-            "stop_reason": self.runs[0].stop_reason if self.runs else "", "error": self.error,
-        }
 
 
 # ----- one generation -------------------------------------------------------------------
@@ -253,17 +94,22 @@ def edit_matching(spec: SpecConfig) -> SpecConfig:
 
 
 def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload,
-               settings: Settings, progress: Progress) -> Run:
-    """One localspec generation; logged to the acceptance log as command "bench"."""
+               settings: Settings, progress: Progress, cache: PrefixStore | None = None) -> Run:
+    """One localspec generation; logged to the acceptance log as command "bench". With a
+    `cache`, an edit task's prefix is restored from it (timed, as the first token's)."""
+    from localspec.models.prefix_store import warm_prefix
+
     spec = variant.spec or SpecConfig(mode="none")
     if workload.is_edit and spec.mode in ("ngram", "hybrid", "auto"):
         spec = edit_matching(spec)  # n-gram matching as `localspec edit` does it
     draft = rt.draft if variant.uses_draft else None
     drafter = make_drafter(spec, GREEDY, draft, prep.extra, target=rt.target)
-    # every variant prefills the whole prompt in one batch, so the first token comes
-    # from the same computation (a cached prefix would change the batch shape, and at
-    # a near-tie the first token); the prefill is not timed
+    # every variant prefills the whole prompt in one batch (or restores the same prefix
+    # and prefills the rest), so the first token comes from the same computation (a
+    # prefix kept from the last variant would change the batch shape, and at a near-tie
+    # the first token)
     rt.target.rewind(0)
+    use = warm_prefix(rt.target, prep.tokens[: prep.n_prefix], cache) if cache else None
     if draft is not None:
         draft.prefill(prep.tokens)  # like the target's prefill: before the clock starts
     fence = _FenceStop(prep.fence) if prep.fence else None
@@ -285,10 +131,13 @@ def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload
             stats = ev.stats
     cpu_s = time.process_time() - cpu0 if cpu0 else 0.0
     assert stats is not None  # generate always ends with Done
+    if use is not None:
+        use.add_to(stats)
     _log(rt, stats, spec, workload, draft, settings)
     return Run(ids[:cut] if cut else ids, stats.decode_s, stats.rounds, stats.draft_rounds,
                stats.drafted, stats.accepted, stats.draft_s, stats.llama_s,
-               "fence" if cut else stats.stop_reason, cpu_s)
+               "fence" if cut else stats.stop_reason, cpu_s, stats.prefill_s,
+               stats.prefill_tokens, stats.restored_tokens, stats.cache_s)
 
 
 def _log(rt: Runtime, stats: GenerationStats, spec: SpecConfig, workload: Workload,
@@ -353,6 +202,7 @@ def run_workload(rt: Runtime, workload: Workload, variants: Sequence[Variant], s
         raise ValueError("the first variant must be 'none' (the baseline)")
     progress = progress or NoProgress()
     prep = prepare(workload, rt.target, settings.n_predict, settings.edit_n)
+    cache = _primed_cache(rt.target, prep) if settings.prefix_cache and prep.n_prefix else None
     runs: dict[Variant, list[Run]] = {v: [] for v in variants}
     errors: dict[Variant, str] = {}
     for rep in range(settings.repeats):
@@ -361,7 +211,7 @@ def run_workload(rt: Runtime, workload: Workload, variants: Sequence[Variant], s
                 continue
             progress.step(f"{workload.name} {v.label}", prep.max_tokens)
             if v.mode != "peer":
-                runs[v].append(run_engine(rt, prep, v, workload, settings, progress))
+                runs[v].append(run_engine(rt, prep, v, workload, settings, progress, cache))
                 continue
             try:
                 assert peer is not None, "peer variant without a peer"
@@ -375,8 +225,18 @@ def run_workload(rt: Runtime, workload: Workload, variants: Sequence[Variant], s
         verdict = Verdict("baseline") if v.mode == "none" else _verdict(rt.target, prep, plain, runs[v])
         results.append(Result(workload.name, workload.tag, v, runs[v], verdict, vcurve=vcurve,
                               base_tps=base.tokens_per_s, base_cpu_tps=base.tokens_per_cpu_s,
-                              error=errors.get(v, "")))
+                              base_wall_tps=base.wall_tokens_per_s, error=errors.get(v, "")))
     return results
+
+
+def _primed_cache(target: Model, prep: Prepared) -> PrefixStore:
+    """The prefix cache, holding this task's prefix (stored now, untimed, when absent)."""
+    from localspec.models.prefix_store import PrefixStore, warm_prefix
+
+    cache = PrefixStore()
+    target.rewind(0)
+    warm_prefix(target, prep.tokens[: prep.n_prefix], cache)
+    return cache
 
 
 def _verdict(target: Model, prep: Prepared, plain: list[Run], runs: list[Run]) -> Verdict:

@@ -56,6 +56,7 @@ class Prepared:
     max_tokens: int
     fence: str | None = None  # edit tasks: stop once this closing fence line is complete
     extra: list[int] = field(default_factory=list)  # a second n-gram source: the file
+    n_prefix: int = 0  # edit tasks: the instruction-free prefix (what the prefix cache keeps)
 
 
 def builtin() -> list[Workload]:
@@ -170,7 +171,8 @@ def prepare(w: Workload, target: Model, n_predict: int, edit_n: int = 0) -> Prep
 
     region = edit.split_region(w.text)
     n_lines = len(w.text.splitlines())
-    tokens = edit.build_prompt(target, region, w.file, n_lines, w.instruction)
+    tokens, n_prefix = edit.build_prompt_parts(target, region, w.file, n_lines, w.instruction)
     body = target.tokenize(region.body, add_special=False, parse_special=False)
     limit = edit_n if edit_n > 0 else len(body) * 3 // 2 + 64
-    return Prepared(tokens, limit, fence=edit.choose_fence(region.body), extra=body)
+    return Prepared(tokens, limit, fence=edit.choose_fence(region.body), extra=body,
+                    n_prefix=n_prefix)

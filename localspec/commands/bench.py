@@ -65,12 +65,15 @@ QUICK = {"per_tag": 1, "n_predict": 48, "edit_n": 160, "vcurve_max": 8}
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",
               help="save a plot: speedup by mode and tag, V(n) (needs matplotlib)")
 @click.option("--no-log", is_flag=True, help="do not append the generations to the acceptance log")
+@click.option("--prefix-cache", is_flag=True,
+              help="edit tasks restore their file's KV state from the prefix cache (stored "
+                   "first when absent), as a second `localspec edit` of the file does")
 @click.pass_context
 def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: float,
           n_predict: int, edit_n: int, prompts_file: str | None, tags: str | None, per_tag: int,
           repeats: int, quick: bool, vcurve: bool, vcurve_max: int, peer: str | None,
           serve: bool, concurrency: str | None, as_json: bool, save_path: str | None,
-          plot_path: str | None, no_log: bool, **kw: Any) -> None:
+          plot_path: str | None, no_log: bool, prefix_cache: bool, **kw: Any) -> None:
     """Benchmark speculative decoding on this machine: tok/s, speedup over plain
     decoding, acceptance and mean accepted length against theory, per workload tag.
 
@@ -107,7 +110,7 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
 
         opts = replace(opts, draft=load_manifest().default_draft)
     variants = _variants(mode_list, k_list, draft_p_min, fixed_k, opts.draft, peer)
-    settings = Settings(n_predict, edit_n, repeats, log=not no_log)
+    settings = Settings(n_predict, edit_n, repeats, log=not no_log, prefix_cache=prefix_cache)
 
     results, vc, meta, title = _run(opts, items, variants, settings,
                                     vcurve_max if vcurve else 0, peer, k_list)

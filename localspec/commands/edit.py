@@ -7,7 +7,7 @@ import signal
 import stat
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +30,7 @@ from localspec.core.errors import ContextFull, LocalspecError, UsageError
 from localspec.edit import (
     Region,
     Source,
-    build_prompt,
+    build_prompt_parts,
     choose_fence,
     parse_lines,
     read_source,
@@ -66,6 +66,10 @@ EDIT_SPEC_DEFAULTS = {"spec": "ngram", "draft_max": 15, "ngram_min": 3, "ngram_m
 @click.option("-n", "--n-predict", "--max-tokens", "max_tokens", type=int, default=None,
               help="most tokens to generate [default: 2x the original's tokens + 256; <= 0: "
                    "until the context is full]")
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+              help="keep the file's KV state on disk, so the next edit of the unchanged file "
+                   "prefills only the instruction (LOCALSPEC_PREFIX_CACHE_MB caps its size, "
+                   "default 1024; 0 turns it off)")
 @model_options()
 @spec_options
 @sampling_options
@@ -74,7 +78,7 @@ EDIT_SPEC_DEFAULTS = {"spec": "ngram", "draft_max": 15, "ngram_min": 3, "ngram_m
 def edit(ctx: click.Context, files: tuple[str, ...], instruction: str | None,
          instruction_file: str | None, lines_spec: str | None, output: str | None,
          dry_run: bool, backup: bool, yes: bool, quiet: bool, max_tokens: int | None,
-         tag: str | None, no_log: bool, **kw) -> None:
+         prefix_cache: bool, tag: str | None, no_log: bool, **kw) -> None:
     """Rewrite FILE as the instruction says; show the diff; write it atomically.
 
     The model returns the whole file (or --lines range); drafting copies spans of the
@@ -87,17 +91,7 @@ def edit(ctx: click.Context, files: tuple[str, ...], instruction: str | None,
       localspec edit app.py --lines 40:80 -i "use pathlib" --dry-run
       cat a.py | localspec edit - -i "rename foo to bar" > b.py
     """
-    has_draft = bool(kw.get("draft") and kw["draft"].lower() != "none")
-    for name, value in EDIT_SPEC_DEFAULTS.items():  # edit's own defaults for shared flags
-        if ctx.get_parameter_source(name) == ParameterSource.DEFAULT:
-            kw[name] = value
-    if ctx.get_parameter_source("ngram_min") == ParameterSource.DEFAULT:
-        kw["ngram_min"] = min(kw["ngram_min"], kw["ngram_max"])  # a low --ngram-max wins
-    if ctx.get_parameter_source("spec") == ParameterSource.DEFAULT and has_draft:
-        kw["spec"] = "hybrid"  # n-gram copies from the file, the model fills the gaps
-    opts = load_options(kw, (ctx.obj or {}).get("verbose", False))
-    spec = spec_config(kw, has_draft=has_draft)
-    sampling = sampling_config(kw)
+    opts, spec, sampling = resolve_options(ctx, kw)
     filter_mode = files == ("-",)
     if "-" in files and not filter_mode:
         raise click.UsageError("'-' (stdin) must be the only FILE")
@@ -110,9 +104,30 @@ def edit(ctx: click.Context, files: tuple[str, ...], instruction: str | None,
         opts=opts, spec=spec, sampling=sampling, instruction=text, max_tokens=max_tokens,
         dry_run=dry_run, backup=backup, output=output, filter_mode=filter_mode,
         confirm=not yes and not dry_run and sys.stdin.isatty(), show_progress=not quiet,
-        tag=tag or "edit", log=not no_log,
+        tag=tag or "edit", log=not no_log, prefix_cache=prefix_cache,
     )
     ctx.exit(session.run(jobs))
+
+
+def resolve_options(ctx: click.Context, kw: dict) -> tuple[LoadOptions, SpecConfig, SamplingConfig]:
+    """Edit's own defaults for the shared flags left at their defaults, then the configs."""
+    has_draft = bool(kw.get("draft") and kw["draft"].lower() != "none")
+    for name, value in EDIT_SPEC_DEFAULTS.items():  # edit's own defaults for shared flags
+        if ctx.get_parameter_source(name) == ParameterSource.DEFAULT:
+            kw[name] = value
+    if ctx.get_parameter_source("ngram_min") == ParameterSource.DEFAULT:
+        kw["ngram_min"] = min(kw["ngram_min"], kw["ngram_max"])  # a low --ngram-max wins
+    if ctx.get_parameter_source("spec") == ParameterSource.DEFAULT and has_draft:
+        kw["spec"] = "hybrid"  # n-gram copies from the file, the model fills the gaps
+    opts = load_options(kw, (ctx.obj or {}).get("verbose", False))
+    return opts, spec_config(kw, has_draft=has_draft), sampling_config(kw)
+
+
+def configs_for(args: Sequence[str] = ()) -> tuple[LoadOptions, SpecConfig, SamplingConfig]:
+    """What `localspec edit FILE -i ... ARGS` runs with (for benchmark scripts): the same
+    parsing, environment variables and edit defaults as the command."""
+    ctx = edit.make_context("edit", ["-", "-i", "-", *args])
+    return resolve_options(ctx, dict(ctx.params))
 
 
 def _instruction(text: str | None, path: str | None, stdin_free: bool) -> str:
@@ -170,12 +185,15 @@ class Session:
     show_progress: bool
     tag: str = "edit"
     log: bool = True
+    prefix_cache: bool = True
 
     def run(self, jobs: list[Job]) -> int:
         """Edit each job in turn; the exit status (1 when one ended without an answer,
         130 when interrupted: then the file being edited is left as it was)."""
         from localspec.core.runtime import open_runtime
+        from localspec.models.prefix_store import PrefixStore
 
+        cache = PrefixStore() if self.prefix_cache else None
         failed = 0
         ctrl_c = CtrlC()
         job = jobs[0]
@@ -184,11 +202,11 @@ class Session:
                 rt = open_runtime(self.opts, want_draft=self.spec.mode in ("auto", "model", "hybrid"))
             with rt:
                 prepared = [(job, *self._prepare(rt.target, job)) for job in jobs]  # all fit?
-                for job, prompt, file_tokens in prepared:
+                for job, (prompt, n_prefix), file_tokens in prepared:
                     if ctrl_c.pressed:
                         raise KeyboardInterrupt
                     try:
-                        failed += not self._edit_one(rt, job, prompt, file_tokens, ctrl_c)
+                        failed += not self._edit_one(rt, job, prompt, n_prefix, file_tokens, ctrl_c, cache)
                     except LocalspecError as exc:
                         if len(jobs) == 1:
                             raise
@@ -199,8 +217,10 @@ class Session:
             return 130
         return 1 if failed else 0
 
-    def _prepare(self, target, job: Job) -> tuple[list[int], list[int]]:
-        prompt = build_prompt(target, job.region, job.source.name, job.n_lines, self.instruction)
+    def _prepare(self, target, job: Job) -> tuple[tuple[list[int], int], list[int]]:
+        """((prompt, length of its instruction-free prefix), the text's tokens)."""
+        prompt, n_prefix = build_prompt_parts(target, job.region, job.source.name, job.n_lines,
+                                              self.instruction)
         file_tokens = target.tokenize(job.region.body, add_special=False, parse_special=False)
         need = len(prompt) + len(file_tokens) + 16  # the answer is about as long as the file
         if need > target.n_ctx:
@@ -211,7 +231,7 @@ class Session:
                 f"{need} but the context is {target.n_ctx}: raise -c, or edit a part at a time "
                 f"with --lines A:B"
             )
-        return prompt, file_tokens
+        return (prompt, n_prefix), file_tokens
 
     def _gen(self, target, prompt: list[int], file_tokens: list[int]) -> GenerationConfig:
         room = target.n_ctx - len(prompt)
@@ -219,14 +239,21 @@ class Session:
             return GenerationConfig(max_tokens=min(room, 2 * len(file_tokens) + 256))
         return GenerationConfig(max_tokens=min(room, self.max_tokens) if self.max_tokens > 0 else room)
 
-    def _edit_one(self, rt, job: Job, prompt: list[int], file_tokens: list[int], ctrl_c: CtrlC) -> bool:
+    def _edit_one(self, rt, job: Job, prompt: list[int], n_prefix: int, file_tokens: list[int],
+                  ctrl_c: CtrlC, cache) -> bool:
         from localspec.commands.progress import EditProgress, summary_line
         from localspec.core.runtime import make_drafter
+        from localspec.models.prefix_store import warm_prefix
 
         name = job.source.name
         drafter = make_drafter(self.spec, self.sampling, rt.draft, file_tokens, target=rt.target)
         live = self.show_progress and sys.stderr.isatty()
         with ctrl_c.catching(), EditProgress(Path(name).name, len(file_tokens), enabled=live) as progress:
+            # the file's KV state from the prefix cache, or prefilled and stored there
+            use = warm_prefix(rt.target, prompt[:n_prefix], cache, lambda: ctrl_c.pressed)
+            draft_hit = _restore_draft(rt.draft, prompt[:n_prefix], cache)
+            if ctrl_c.pressed:
+                raise KeyboardInterrupt
             outcome = rewrite(
                 rt.target, drafter, prompt, choose_fence(job.region.body),
                 sampling=self.sampling, spec=self.spec, gen=self._gen(rt.target, prompt, file_tokens),
@@ -234,10 +261,14 @@ class Session:
             )
         if ctrl_c.pressed:
             raise KeyboardInterrupt
+        if not draft_hit:  # not after Ctrl-C: raised above
+            _store_draft(rt.draft, prompt[:n_prefix], cache)
         stats = outcome.stats
         if stats is not None:
+            use.add_to(stats)
             if self.show_progress:
-                click.echo(f"{name}: {summary_line(stats, progress.speedup_estimate(stats))}", err=True)
+                line = summary_line(stats, progress.plain_token_s, use.saved_s)
+                click.echo(f"{name}: {line}", err=True)
             self._log(rt, stats, outcome.reply)
         if outcome.body is None:
             why = {"length": f"stopped at the token limit, {stats.generated if stats else 0} "
@@ -328,6 +359,19 @@ class CtrlC:
         if self.pressed:
             raise KeyboardInterrupt
         self.pressed = True
+
+
+def _restore_draft(draft, prefix: list[int], cache) -> bool:
+    """The draft model's KV state of the prefix, when the cache has it. (It is not
+    prefilled here on a miss: an auto drafter may never ask the draft model.)"""
+    return draft is not None and cache is not None and cache.restore(draft, prefix) is not None
+
+
+def _store_draft(draft, prefix: list[int], cache) -> None:
+    """After the edit: keep the draft model's state of the prefix when it computed one."""
+    if draft is not None and cache is not None and draft.common_prefix(prefix) == len(prefix):
+        draft.rewind(len(prefix))  # it follows the context by prefix reuse: no harm
+        cache.store(draft, prefix)
 
 
 def _diff_name(name: str) -> str:

@@ -401,6 +401,29 @@ class Model(PrefixCache):
             _ll.llama_memory_seq_rm(self._mem, seq, n_past, -1)
             del record[n_past:]
 
+    # ----- sequence 0's KV state as bytes (the on-disk prefix cache) --------------
+
+    def state_bytes(self) -> bytearray:
+        """Sequence 0's KV cells (the state of `cached`), serialised by llama.cpp."""
+        n = _ll.llama_state_seq_get_size(self._ctx, 0)
+        data = bytearray(n)
+        if n and _ll.llama_state_seq_get_data(self._ctx, _u8(data), n, 0) != n:
+            raise BackendError("llama.cpp could not copy the sequence state")
+        return data
+
+    def load_state(self, data: bytearray, tokens: Sequence[int]) -> int:
+        """Make sequence 0 hold `tokens` from `data` (state_bytes() of a context that held
+        exactly them). Returns len(tokens), or 0 when llama.cpp refuses the data or it
+        does not cover positions 0..len(tokens)-1: sequence 0 is then empty."""
+        n = len(data)
+        read = _ll.llama_state_seq_set_data(self._ctx, _u8(data), n, 0) if n else 0
+        lo = _ll.llama_memory_seq_pos_min(self._mem, 0)
+        if read != n or not tokens or (lo, self.kv_len(0)) != (0, len(tokens)):
+            _ll.llama_memory_seq_rm(self._mem, 0, -1, -1)
+            self.cached.clear()
+            return 0
+        self.cached[:] = tokens  # in place: `cached` is the list sequence 0 is tracked by
+        return len(tokens)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -420,6 +443,11 @@ class Model(PrefixCache):
             self.close()
         except Exception:
             pass
+
+
+def _u8(data: bytearray) -> ctypes.Array:
+    """A ctypes view of a bytearray, no copy (llama.cpp reads or fills it in place)."""
+    return (ctypes.c_uint8 * len(data)).from_buffer(data)
 
 
 def _chatml(messages: Sequence[dict], add_generation_prompt: bool) -> str:

@@ -59,6 +59,10 @@ class GenerationStats:
     drafter: str = "none"
     stop_reason: str = ""
     policy: dict = field(default_factory=dict)  # auto: (drafter:k) -> rounds, expected, realised
+    # set by callers that restore a prompt prefix from the on-disk prefix cache before
+    # generate() (which then prefills only the rest); generate() leaves them alone
+    restored_tokens: int = 0  # prompt tokens whose KV state came from the prefix cache
+    cache_s: float = 0.0  # time spent restoring them (or storing the prefix on a miss)
 
     @property
     def acceptance(self) -> float:
@@ -82,12 +86,23 @@ class GenerationStats:
         """Share of decode time spent outside llama.cpp (Python, numpy, drafting)."""
         return max(0.0, 1.0 - self.llama_s / self.decode_s) if self.decode_s > 0 else 0.0
 
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token: prefill, and the prefix cache's restore or store."""
+        return self.prefill_s + self.cache_s
+
+    @property
+    def wall_s(self) -> float:
+        """End to end, from the start of the prefill to the last token."""
+        return self.ttft_s + self.decode_s
+
     def acceptance_by_pos(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for name in ("acceptance", "mean_accepted", "tokens_per_round", "tokens_per_s", "overhead"):
+        for name in ("acceptance", "mean_accepted", "tokens_per_round", "tokens_per_s", "overhead",
+                     "ttft_s", "wall_s"):
             out[name] = getattr(self, name)
         out["acceptance_by_pos"] = self.acceptance_by_pos()
         return out
