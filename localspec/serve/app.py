@@ -124,7 +124,7 @@ class _Api:
 
     async def health(self, request: Request) -> Response:
         snap = self.scheduler.snapshot()
-        state = "draining" if snap["draining"] else "ok" if snap["alive"] else "unavailable"
+        state = "unavailable" if not snap["alive"] else "draining" if snap["draining"] else "ok"
         return JSONResponse({"status": state, "model": self.settings.model_id, **snap},
                             status_code=200 if state == "ok" else 503)
 
