@@ -140,7 +140,7 @@ async def _send(http: httpx.AsyncClient, spec: Spec, stream: bool, res: Result, 
 async def _raw(base: str, spec: Spec, stream: bool, half: bool, key: str | None) -> None:
     """A request on a bare socket: half a body then close, or all of it and never read."""
     u = urlsplit(base)
-    reader, writer = await asyncio.open_connection(u.hostname, u.port)
+    _reader, writer = await asyncio.open_connection(u.hostname, u.port)
     body = json.dumps(spec.body(stream)).encode()
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
     head = (f"POST {spec.path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n{auth}"
@@ -319,7 +319,8 @@ def run(load: Load) -> tuple[dict, list[str]]:
 # ----- a server of its own ------------------------------------------------------------
 
 
-def start_server(model: str, parallel: int, queue: int, threads: int, home: str) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, parallel: int, queue: int, threads: int, home: str,
+                 spec_disable: int = -1) -> tuple[subprocess.Popen, str]:
     import socket
 
     with socket.socket() as s:
@@ -327,7 +328,7 @@ def start_server(model: str, parallel: int, queue: int, threads: int, home: str)
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "localspec", "serve", "-m", model, "--port", str(port), "--parallel",
            str(parallel), "--queue-size", str(queue), "-c", str(parallel * 1024), "-t", str(threads),
-           "--spec-disable-by-batch-size", "-1"]
+           "--spec-disable-by-batch-size", str(spec_disable)]
     proc = subprocess.Popen(cmd, env={**os.environ, "LOCALSPEC_HOME": home}, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -360,6 +361,8 @@ def main() -> int:
     ap.add_argument("-m", "--model", default="smollm2-135m")
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--spec-disable-by-batch-size", dest="spec_disable", type=int, default=-1,
+                    help="the started server's rule (-1: speculate at any load, the harder case)")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, default=4, help="per client, without --duration")
     ap.add_argument("--duration", type=float, help="seconds of load (clients loop until then)")
@@ -368,7 +371,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as home:
-        proc, base = (None, a.url) if a.url else start_server(a.model, a.parallel, a.clients, a.threads, home)
+        proc, base = (None, a.url) if a.url else start_server(a.model, a.parallel, a.clients, a.threads, home,
+                                                              a.spec_disable)
         load = Load(base, a.api_key, a.clients, a.requests, a.duration, a.max_tokens, a.seed)
         try:
             report, problems = run(load)

@@ -110,23 +110,16 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         scheduler = Scheduler(target, cfg)
         settings = ServeSettings(
             model_id=model_id_for(target.path, alias), api_key=api_key, max_body_bytes=max_body_bytes,
-            max_messages=max_messages,
-            max_tokens_limit=max_tokens_limit, default_max_tokens=max_tokens, sampling=sampling,
+            max_messages=max_messages, max_tokens_limit=max_tokens_limit, default_max_tokens=max_tokens, sampling=sampling,
             log_generations=not no_log, target_path=str(target.path),
         )
         app = create_app(scheduler, target, settings)
         rule = "never off" if limit is None else f"off above {limit} active ({source})"
         click.echo(f"localspec serve: http://{_url_host(host)}:{port}/v1  model {settings.model_id}  "
                    f"{parallel} slots x {target.n_ctx_seq} tokens  spec {spec.mode}, {rule}", err=True)
-        # uvicorn's own timeout is the backstop: the drain ends every request first
         config = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=verbose,
-                                log_level="info" if verbose else "warning",
-                                timeout_graceful_shutdown=shutdown_timeout + 5)
-        drain = Drain(scheduler, shutdown_timeout)
-        try:
-            _Server(config, drain).run()
-        finally:
-            drain.cancel()
+                                log_level="info" if verbose else "warning")
+        _Server.run_draining(config, Drain(scheduler, shutdown_timeout))
     click.echo("localspec serve: stopped", err=True)
 
 
@@ -139,6 +132,15 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
         super().__init__(config)
         self.drain = drain
+
+    @classmethod
+    def run_draining(cls, config: uvicorn.Config, drain: Drain) -> None:
+        # uvicorn's own timeout is the backstop: the drain ends every request before it
+        config.timeout_graceful_shutdown = drain.grace_s + 5
+        try:
+            cls(config, drain).run()
+        finally:
+            drain.cancel()
 
     def handle_exit(self, sig: int, frame: object) -> None:
         self.drain.begin()

@@ -131,7 +131,9 @@ class Scheduler:
         self._stopping = False
         self._draining = False
         self._thread: threading.Thread | None = None
-        self.kv_tokens = [0] * cfg.n_slots  # llama.cpp's count per slot, after each step
+        # llama.cpp's own count of the cells each slot held when it was last freed: all 0
+        # unless a finished, cancelled or failed request left cells behind (/health shows it)
+        self.kv_tokens = [0] * cfg.n_slots
 
     # ----- the HTTP side --------------------------------------------------------------
 
@@ -208,6 +210,7 @@ class Scheduler:
                 job.emit(Failed("the server is shutting down", 503))
             for a in self.active:
                 self._safe_release(a)
+                self._count_kv(a.state.seq)
                 a.job.emit(Failed("the server is shutting down", 503))
             self.active = []
 
@@ -325,20 +328,18 @@ class Scheduler:
                 if done is not None:
                     a.job.emit(Finished(done.stats, done.text))
             self._safe_release(a)
+            self._count_kv(st.seq)
             t_first = st.t_first or time.perf_counter()
             self.metrics.finish(st.stats.prompt_tokens, time.perf_counter() - a.job.t_submit,
                                 t_first - a.job.t_submit)
             with self._cv:
                 self.free.append(st.seq)
         self.active = keep
-        self._count_kv()
 
-    def _count_kv(self) -> None:
-        """What llama.cpp holds per slot (its own count): 0 for every free slot, or a
-        cancelled or failed request left cells behind."""
+    def _count_kv(self, seq: int) -> None:
         try:
-            self.kv_tokens = [self.target.kv_len(seq) for seq in range(self.cfg.n_slots)]
-        except Exception:  # noqa: BLE001 - a health figure must not stop the loop
+            self.kv_tokens[seq] = self.target.kv_len(seq)
+        except Exception:  # a health figure must not stop the loop
             log.debug("could not count KV cells", exc_info=True)
 
     # ----- failures stay with the request that caused them --------------------------
