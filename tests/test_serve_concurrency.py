@@ -66,10 +66,10 @@ def model(smol_path):
 class Server:
     """The app on uvicorn in a background thread (no signal handlers off the main thread)."""
 
-    def __init__(self, model: Model, drafter_factory=None, **cfg) -> None:
+    def __init__(self, model: Model, drafter_factory=None, settings: ServeSettings | None = None, **cfg) -> None:
         spec = cfg.pop("spec", SpecConfig(mode="ngram", draft_max=8))
         self.scheduler = Scheduler(model, SchedulerConfig(spec=spec, **cfg), drafter_factory=drafter_factory)
-        settings = ServeSettings(model_id="smol", log_generations=False, max_tokens_limit=512)
+        settings = settings or ServeSettings(model_id="smol", log_generations=False, max_tokens_limit=512)
         app = create_app(self.scheduler, model, settings)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

@@ -19,6 +19,7 @@ from localspec.commands.options import (
 )
 from localspec.core.errors import UsageError
 from localspec.core.runtime import find_profile, open_runtime
+from localspec.serve.admission import MAX_MESSAGES, Drain
 from localspec.serve.app import ServeSettings, create_app, model_id_for
 from localspec.serve.policy import (
     DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE,
@@ -53,17 +54,20 @@ log = logging.getLogger("localspec.serve")
               help="requests asking for more max_tokens get a 400")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 * 1024 * 1024,
               show_default=True, help="larger request bodies get a 413")
+@click.option("--max-messages", type=click.IntRange(min=1), default=MAX_MESSAGES, show_default=True,
+              help="chat requests with more messages get a 400")
 @click.option("--prefill-chunk", type=click.IntRange(16, 512), default=256, show_default=True,
               help="most prompt tokens prefilled per step (bounds the stall others see)")
 @click.option("--alias", default=None, help="model id reported by /v1/models [default: file name]")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="seconds in-flight requests get to finish on SIGTERM / Ctrl-C")
+              help="on SIGTERM / Ctrl-C new requests get a 503 and admitted ones this many seconds "
+                   "to finish; then the rest end with a 503")
 @click.option("--no-log", is_flag=True, help="do not write requests to the acceptance log")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: int | None,
           spec_disable: int | None, api_key: str | None, max_tokens: int, max_tokens_limit: int,
-          max_body_bytes: int, prefill_chunk: int, alias: str | None, shutdown_timeout: float,
-          no_log: bool, **kw) -> None:
+          max_body_bytes: int, max_messages: int, prefill_chunk: int, alias: str | None,
+          shutdown_timeout: float, no_log: bool, **kw) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics. Requests are batched together; speculation (n-gram drafting)
     yields under load.
@@ -106,7 +110,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         scheduler = Scheduler(target, cfg)
         settings = ServeSettings(
             model_id=model_id_for(target.path, alias), api_key=api_key, max_body_bytes=max_body_bytes,
-            max_tokens_limit=max_tokens_limit, default_max_tokens=max_tokens, sampling=sampling,
+            max_messages=max_messages, max_tokens_limit=max_tokens_limit, default_max_tokens=max_tokens, sampling=sampling,
             log_generations=not no_log, target_path=str(target.path),
         )
         app = create_app(scheduler, target, settings)
@@ -114,17 +118,32 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         click.echo(f"localspec serve: http://{_url_host(host)}:{port}/v1  model {settings.model_id}  "
                    f"{parallel} slots x {target.n_ctx_seq} tokens  spec {spec.mode}, {rule}", err=True)
         config = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=verbose,
-                                log_level="info" if verbose else "warning",
-                                timeout_graceful_shutdown=shutdown_timeout)
-        _Server(config).run()
+                                log_level="info" if verbose else "warning")
+        _Server.run_draining(config, Drain(scheduler, shutdown_timeout))
     click.echo("localspec serve: stopped", err=True)
 
 
 class _Server(uvicorn.Server):
-    """uvicorn re-raises a captured SIGTERM after its graceful shutdown, which kills
+    """The first SIGTERM or Ctrl-C starts the drain (new requests 503, admitted ones get
+    --shutdown-timeout to finish) while uvicorn stops listening and waits for them.
+    uvicorn re-raises a captured SIGTERM after its graceful shutdown, which kills
     the process before the model is freed; a SIGTERM'd server exits 0 here instead."""
 
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self.drain = drain
+
+    @classmethod
+    def run_draining(cls, config: uvicorn.Config, drain: Drain) -> None:
+        # uvicorn's own timeout is the backstop: the drain ends every request before it
+        config.timeout_graceful_shutdown = drain.grace_s + 5
+        try:
+            cls(config, drain).run()
+        finally:
+            drain.cancel()
+
     def handle_exit(self, sig: int, frame: object) -> None:
+        self.drain.begin()
         super().handle_exit(sig, frame)
         captured = getattr(self, "_captured_signals", None)
         if sig == signal.SIGTERM and captured and captured[-1] == sig:

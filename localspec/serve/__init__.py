@@ -1,6 +1,9 @@
 """`localspec serve`: an OpenAI-compatible HTTP server over one llama.cpp context.
 
-    app.py        Starlette routes, auth, limits, SSE; talks to the scheduler via queues
+    app.py        Starlette routes and SSE; talks to the scheduler via queues
+    admission.py  who gets in and what a request may ask: API key, body size, message
+                  count, max_tokens vs the slot's context, 429/503 with Retry-After,
+                  the SIGTERM drain (stop admitting, a grace period, then 503)
     scheduler.py  the one thread that owns the model: continuous batching, one
                   decode_multi per step for every request's round, speculation switched
                   off above a batch size

@@ -9,7 +9,6 @@ job when the client disconnects, so its slot and KV cells are freed at the next 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -29,11 +28,12 @@ from starlette.responses import (
     StreamingResponse,
 )
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from localspec.acceptance import logdb
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig
-from localspec.serve import protocol
+from localspec.serve import admission, protocol
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
 from localspec.serve.scheduler import (
@@ -56,6 +56,7 @@ class ServeSettings:
     model_id: str
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = admission.MAX_MESSAGES  # a chat request with more gets a 400
     max_tokens_limit: int = 4096  # a request asking more gets a 400
     default_max_tokens: int = 512  # when a request sets none (<= 0: until the context ends)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # defaults for unset fields
@@ -90,7 +91,9 @@ def create_app(scheduler: Scheduler, target: Model, settings: ServeSettings) -> 
 
 
 def _error(e: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    headers = dict(getattr(e, "headers", {}))  # Retry-After on 429 and 503
+    if e.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
@@ -123,9 +126,9 @@ class _Api:
 
     async def health(self, request: Request) -> Response:
         snap = self.scheduler.snapshot()
-        status = 200 if snap["alive"] else 503
-        return JSONResponse({"status": "ok" if status == 200 else "unavailable",
-                             "model": self.settings.model_id, **snap}, status_code=status)
+        state = "unavailable" if not snap["alive"] else "draining" if snap["draining"] else "ok"
+        return JSONResponse({"status": state, "model": self.settings.model_id, **snap},
+                            status_code=200 if state == "ok" else 503)
 
     async def metrics(self, request: Request) -> Response:
         try:
@@ -172,62 +175,44 @@ class _Api:
 
     async def _generate(self, request: Request, kind: str) -> Response:
         try:
+            if self.scheduler.draining:
+                raise admission.unavailable("the server is shutting down")
             self._auth(request)
-            body = protocol.parse_json(await self._read_body(request))
+            body = protocol.parse_json(await admission.read_body(request, self.settings.max_body_bytes))
             req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
+            admission.check_messages(len(req.messages), self.settings.max_messages)
             # tokenizing a long prompt takes a while: keep the event loop free meanwhile
             prompt, prompt_text, plan = await asyncio.to_thread(self._prompt, req)
+            n = admission.max_tokens(req.max_tokens, len(prompt), self.target.n_ctx_seq, kind, self.settings)
             queue: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
             extra = (await asyncio.to_thread(self.target.tokenize, req.prediction, False, False)
                      if req.prediction else [])
-            job = Job(prompt, self._sampling(req), self._gen(req),
+            gen = GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos,
+                                   logprobs=req.logprobs)
+            job = Job(prompt, self._sampling(req), gen,
                       sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), extra=extra)
-            self.scheduler.submit(job)
+            try:
+                self.scheduler.submit(job)
+            except QueueFull as exc:
+                raise admission.queue_full(str(exc), self.scheduler.snapshot(), self.metrics_) from None
+            except Unavailable as exc:
+                raise admission.unavailable(str(exc)) from None
         except ApiError as e:
             self.metrics_.request(kind, str(e.status))
             return _error(e)
-        except QueueFull as exc:
-            self.metrics_.request(kind, "429")
-            return _error(ApiError(429, f"The server is busy: {exc}. Retry later.",
-                                   type="rate_limit_error", code="queue_full"))
         except ClientDisconnect:  # gone while sending the body
             self.metrics_.request(kind, "cancelled")
             return Response(status_code=499)
-        except Unavailable as exc:
-            self.metrics_.request(kind, "503")
-            return _error(ApiError(503, f"The server is unavailable: {exc}.", type="server_error"))
+        self.metrics_.generation_started(kind)
         watcher = asyncio.create_task(_watch_disconnect(request, job, queue))
         call = _Call(self, req, job, queue, watcher, prompt_text, plan)
         if req.stream:
-            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            return StreamingResponse(call.stream(), media_type="text/event-stream", headers=headers)
+            return _EventStream(call)
         return await call.complete()
 
     def _auth(self, request: Request) -> None:
-        key = self.settings.api_key
-        if not key:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(401, "You didn't provide an API key. Send it in an Authorization header "
-                                "using Bearer auth (Authorization: Bearer YOUR_KEY).")
-        if not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
-
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self.settings.max_body_bytes
-        too_big = ApiError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise too_big
-        parts, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise too_big
-            parts.append(part)
-        return b"".join(parts)
+        admission.check_auth(request, self.settings.api_key)
 
     def _prompt(self, req: GenRequest) -> tuple[list[int], str, ToolPlan | None]:
         """Token ids for the request (chat: the model's chat template), its text for the
@@ -264,16 +249,6 @@ class _Api:
                               top_k=pick(req.top_k, d.top_k), top_p=pick(req.top_p, d.top_p),
                               min_p=pick(req.min_p, d.min_p), seed=pick(req.seed, d.seed))
 
-    def _gen(self, req: GenRequest) -> GenerationConfig:
-        limit = self.settings.max_tokens_limit
-        if req.max_tokens is not None and req.max_tokens > limit:
-            param = "max_tokens"
-            raise protocol.bad_request(f"'{param}' is {req.max_tokens}; this server allows at most {limit}.",
-                                       param, "invalid_value")
-        n = req.max_tokens if req.max_tokens is not None else self.settings.default_max_tokens
-        n = min(n, limit) if n > 0 else limit
-        return GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos, logprobs=req.logprobs)
-
     def log_generation(self, req: GenRequest, job: Job, stats: object, prompt_text: str, output: str) -> None:
         """Best effort, off the event loop: the acceptance log must never break serving."""
         if not self.settings.log_generations:
@@ -304,7 +279,8 @@ async def _watch_disconnect(request: Request, job: Job, queue: asyncio.Queue) ->
 
 
 class _Call:
-    """One admitted request: turns the scheduler's events into a response or SSE."""
+    """One admitted request: turns the scheduler's events into a response or SSE.
+    `outcome` follows the events; done() settles the request once, however it ends."""
 
     def __init__(self, api: _Api, req: GenRequest, job: Job, queue: asyncio.Queue,
                  watcher: asyncio.Task, prompt_text: str, plan: ToolPlan | None) -> None:
@@ -318,58 +294,90 @@ class _Call:
         self.created = int(time.time())
         self.model = api.settings.model_id
         self.reply = Reply(req, self.rid, self.created, self.model, api.target, plan, prompt_text)
+        self.outcome = "cancelled"  # until the scheduler says otherwise
+        self._settled = False
 
-    def _done(self, outcome: str) -> None:
+    def done(self) -> None:
+        if self._settled:
+            return
+        self._settled = True
         self.watcher.cancel()
         self.job.cancel()  # no-op when the scheduler already retired it
-        self.api.metrics_.request(self.req.kind, outcome)
+        metrics = self.api.metrics_
+        metrics.request(self.req.kind, self.outcome)
+        ended = {"ok": "finished", "cancelled": "cancelled"}.get(self.outcome, "failed")
+        metrics.generation_ended(self.req.kind, ended)
+
+    async def _next(self) -> object:
+        """The next event; a Finished is logged and a Failed settles the outcome."""
+        ev = await self.queue.get()
+        if isinstance(ev, Failed):
+            self.outcome = str(ev.status)
+        elif isinstance(ev, Finished):
+            self.outcome = "ok"
+        return ev
 
     async def complete(self) -> Response:
-        outcome = "cancelled"
         try:
             while True:
-                ev = await self.queue.get()
+                ev = await self._next()
                 if ev is _GONE:
                     return Response(status_code=499)  # nobody is listening
                 if isinstance(ev, Text):
                     self.reply.add(ev.text, ev.logprobs)
                 elif isinstance(ev, Failed):
-                    outcome = str(ev.status)
                     return _error(ApiError(ev.status, ev.message, type="server_error"))
                 elif isinstance(ev, Finished):
-                    outcome = "ok"
                     body = self.reply.body(ev.text, ev.stats)
                     self.api.log_generation(self.req, self.job, ev.stats, self.prompt_text, self.reply.text)
                     return JSONResponse(body)
         finally:
-            self._done(outcome)
+            self.done()
 
     async def stream(self) -> AsyncIterator[str]:
-        outcome = "cancelled"
         try:
             for ch in self.reply.opening():
                 yield _sse(ch)
             while True:
-                ev = await self.queue.get()
+                ev = await self._next()
                 if ev is _GONE:
                     return
                 if isinstance(ev, Text):
                     for ch in self.reply.piece(ev.text, ev.logprobs):
                         yield _sse(ch)
                 elif isinstance(ev, Failed):
-                    outcome = str(ev.status)
                     yield _sse(ApiError(ev.status, ev.message, type="server_error").body())
                     yield "data: [DONE]\n\n"
                     return
                 elif isinstance(ev, Finished):
-                    outcome = "ok"
-                    for ch in self.reply.closing(ev.text, ev.stats):
+                    closing = list(self.reply.closing(ev.text, ev.stats))
+                    self.api.log_generation(self.req, self.job, ev.stats, self.prompt_text, self.reply.text)
+                    for ch in closing:
                         yield _sse(ch)
                     yield "data: [DONE]\n\n"
-                    self.api.log_generation(self.req, self.job, ev.stats, self.prompt_text, self.reply.text)
                     return
         finally:
-            self._done(outcome)
+            self.done()
+
+
+class _EventStream(StreamingResponse):
+    """The SSE response of a call. Its event generator is closed as the response ends,
+    however it ends (the client gone mid-write, the task cancelled at shutdown), so the
+    call is settled then, not whenever the suspended generator is garbage-collected
+    (and a generator that never started would never run its `finally`)."""
+
+    def __init__(self, call: _Call) -> None:
+        self.events = call.stream()
+        super().__init__(self.events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.call = call
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.events.aclose()  # runs the generator's finally if it started
+            self.call.done()
 
 
 def model_id_for(path: str | Path, alias: str | None = None) -> str:

@@ -25,6 +25,10 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.requests: dict[tuple[str, str], int] = defaultdict(int)  # (endpoint, outcome)
+        # generations handed to the scheduler, and how each ended (finished, cancelled,
+        # failed): started - ended = in flight, 0 once the server is idle
+        self.started: dict[str, int] = defaultdict(int)
+        self.ended: dict[tuple[str, str], int] = defaultdict(int)
         self.prompt_tokens = 0
         self.generated_tokens = 0
         self.drafted = 0
@@ -56,6 +60,15 @@ class Metrics:
         """One HTTP request ended: outcome is ok, cancelled, or an error status."""
         with self._lock:
             self.requests[(endpoint, outcome)] += 1
+
+    def generation_started(self, endpoint: str) -> None:
+        with self._lock:
+            self.started[endpoint] += 1
+
+    def generation_ended(self, endpoint: str, outcome: str) -> None:
+        """outcome: finished, cancelled (the client left or shutdown cut it) or failed."""
+        with self._lock:
+            self.ended[(endpoint, outcome)] += 1
 
     def round(self, n_draft: int, n_accept: int, n_new: int) -> None:
         """One sequence's verify: n_new tokens emitted (accepted + the target's own)."""
@@ -117,7 +130,7 @@ class Metrics:
         """The metric families (prometheus_client's Collector protocol); a consistent
         snapshot under the lock."""
         with self._lock:
-            out = [self._requests_family()]
+            out = [self._requests_family(), *self._generation_families()]
             out += [_counter(name, help_, getattr(self, attr)) for name, attr, help_ in COUNTERS]
             acc = self.accepted / self.drafted if self.drafted else 0.0
             out.append(_gauge("acceptance_rate", "Accepted / drafted since start.", acc))
@@ -132,6 +145,17 @@ class Metrics:
         for (endpoint, outcome), n in sorted(self.requests.items()):
             fam.add_metric([endpoint, outcome], n)
         return fam
+
+    def _generation_families(self) -> list[Metric]:
+        started = CounterMetricFamily(PREFIX + "requests_started_total",
+                                      "Generations handed to the scheduler.", labels=["endpoint"])
+        for endpoint, n in sorted(self.started.items()):
+            started.add_metric([endpoint], n)
+        ended = CounterMetricFamily(PREFIX + "requests_ended_total", "Started generations that ended, "
+                                    "by outcome: finished, cancelled or failed.", labels=["endpoint", "outcome"])
+        for (endpoint, outcome), n in sorted(self.ended.items()):
+            ended.add_metric([endpoint, outcome], n)
+        return [started, ended]
 
     def _position_families(self) -> list[Metric]:
         drafted = CounterMetricFamily(PREFIX + "drafted_by_position_total",

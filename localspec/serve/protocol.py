@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, from_json
 
 from localspec.core.engine import GenerationStats
 from localspec.core.toolcalls import ToolChoice, ToolChoiceError, resolve_tool_choice
@@ -82,10 +82,15 @@ class GenRequest:
 
 
 def parse_json(raw: bytes) -> dict:
-    """The request body as a JSON object, or a 400."""
+    """The request body as a JSON object, or a 400.
+
+    pydantic-core's parser (jiter), not json.loads: it refuses nesting past a fixed
+    depth instead of recursing into a RecursionError, refuses invalid UTF-8 and lone
+    surrogates (which the tokenizer could not encode), integers too long to convert,
+    and NaN/Infinity (not JSON), each with a ValueError naming line and column."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = from_json(raw, allow_inf_nan=False)
+    except ValueError as exc:
         raise bad_request(f"We could not parse the JSON body of your request: {exc}",
                           code="invalid_json") from None
     if not isinstance(body, dict):

@@ -132,7 +132,11 @@ class Scheduler:
         self.error: BaseException | None = None
         self._cv = threading.Condition()
         self._stopping = False
+        self._draining = False
         self._thread: threading.Thread | None = None
+        # llama.cpp's own count of the cells each slot held when it was last freed: all 0
+        # unless a finished, cancelled or failed request left cells behind (/health shows it)
+        self.kv_tokens = [0] * cfg.n_slots
 
     # ----- the HTTP side --------------------------------------------------------------
 
@@ -148,6 +152,15 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def drain(self) -> None:
+        """Refuse new jobs (Unavailable); queued and running ones carry on. Only sets a
+        flag, so a signal handler may call it."""
+        self._draining = True
+
+    @property
+    def draining(self) -> bool:
+        return self._draining or self._stopping
+
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
@@ -155,8 +168,11 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         """Queue a job (thread-safe). Raises QueueFull or Unavailable."""
         with self._cv:
-            if not self.alive:
-                raise Unavailable("the server is shutting down" if self._stopping else "the scheduler stopped")
+            if not self.alive or self._draining:
+                raise Unavailable("the server is shutting down" if self.draining else "the scheduler stopped")
+            if len(self.queue) >= self.cfg.queue_size + len(self.free):
+                # clients that left while waiting must not keep the others out
+                self.queue = deque(j for j in self.queue if not j.cancelled.is_set())
             if len(self.queue) >= self.cfg.queue_size + len(self.free):
                 raise QueueFull(f"all {self.cfg.n_slots} slots are busy and {len(self.queue)} requests are queued")
             self.queue.append(job)
@@ -170,7 +186,7 @@ class Scheduler:
                 "speculation": self.speculating if self.active else self.cfg.spec.mode != "none",
                 "spec_mode": self.cfg.spec.mode,
                 "spec_disable_by_batch_size": -1 if limit is None or limit < 0 else limit,
-                "alive": self.alive}
+                "alive": self.alive, "draining": self.draining, "kv_tokens": list(self.kv_tokens)}
 
     # ----- the loop -------------------------------------------------------------------
 
@@ -197,6 +213,7 @@ class Scheduler:
                 job.emit(Failed("the server is shutting down", 503))
             for a in self.active:
                 self._safe_release(a)
+                self._count_kv(a.state.seq)
                 a.job.emit(Failed("the server is shutting down", 503))
             self.active = []
 
@@ -315,12 +332,19 @@ class Scheduler:
                 if done is not None:
                     a.job.emit(Finished(done.stats, done.text))
             self._safe_release(a)
+            self._count_kv(st.seq)
             t_first = st.t_first or time.perf_counter()
             self.metrics.finish(st.stats.prompt_tokens, time.perf_counter() - a.job.t_submit,
                                 t_first - a.job.t_submit)
             with self._cv:
                 self.free.append(st.seq)
         self.active = keep
+
+    def _count_kv(self, seq: int) -> None:
+        try:
+            self.kv_tokens[seq] = self.target.kv_len(seq)
+        except Exception:  # a health figure must not stop the loop
+            log.debug("could not count KV cells", exc_info=True)
 
     # ----- failures stay with the request that caused them --------------------------
 

@@ -1,0 +1,129 @@
+"""Admission: who gets in, and what a request may ask for, before it takes a slot.
+
+- auth: `--api-key` as a Bearer token (401 without it; compared in constant time)
+- body: at most --max-body-bytes, by Content-Length or counted while reading (413)
+- limits: at most --max-messages messages; max_tokens within --max-tokens-limit and,
+  with the prompt, within a slot's context (400 context_length_exceeded, in OpenAI's
+  words, as OpenAI and vLLM do rather than cutting the reply short)
+- busy: a full wait queue is a 429, a draining or stopped server a 503, both with
+  Retry-After (the official OpenAI clients wait that long before retrying)
+- drain: on SIGTERM the server stops admitting, gives admitted requests a grace period,
+  then fails what is left with a 503, so every client gets an answer before exit
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import threading
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+
+from localspec.serve.protocol import ApiError, bad_request
+
+if TYPE_CHECKING:
+    from localspec.serve.app import ServeSettings
+    from localspec.serve.metrics import Metrics
+    from localspec.serve.scheduler import Scheduler
+
+MAX_MESSAGES = 2048  # OpenAI's own limit on a chat request's messages
+
+
+class Refused(ApiError):
+    """An error that carries response headers (Retry-After)."""
+
+    def __init__(self, status: int, message: str, *, retry_after: int, **kw: str) -> None:
+        super().__init__(status, message, **kw)
+        self.headers = {"Retry-After": str(retry_after)}
+
+
+def check_auth(request: Request, key: str | None) -> None:
+    """401 unless the request carries `Authorization: Bearer <key>` (when a key is set)."""
+    if not key:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "You didn't provide an API key. Send it in an Authorization header "
+                            "using Bearer auth (Authorization: Bearer YOUR_KEY).")
+    if not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it is known to exceed `limit` bytes (a declared
+    Content-Length is refused before reading; a chunked body is counted as it comes)."""
+    too_big = ApiError(413, f"The request body exceeds {limit} bytes.", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_big
+        parts.append(part)
+    return b"".join(parts)
+
+
+def check_messages(n: int, limit: int) -> None:
+    if n > limit:
+        raise bad_request(f"Invalid 'messages': array too long. Expected an array with maximum length "
+                          f"{limit}, but got an array with length {n} instead.",
+                          "messages", "array_above_max_length")
+
+
+def max_tokens(asked: int | None, n_prompt: int, n_ctx: int, kind: str, settings: ServeSettings) -> int:
+    """The request's token budget. Asked for: it must be within --max-tokens-limit and
+    fit the slot's context after the prompt. Not asked: the server's default, and the
+    reply ends where the context does (finish_reason "length")."""
+    limit = settings.max_tokens_limit
+    if asked is None:
+        n = settings.default_max_tokens
+        return min(n, limit) if n > 0 else limit
+    if asked > limit:
+        shown = asked if asked < 10**12 else "too large"
+        raise bad_request(f"'max_tokens' is {shown}; this server allows at most {limit}.",
+                          "max_tokens", "invalid_value")
+    if n_prompt + asked > n_ctx:
+        where = "messages" if kind == "chat" else "prompt"
+        raise bad_request(
+            f"This model's maximum context length is {n_ctx} tokens. However, you requested "
+            f"{n_prompt + asked} tokens ({n_prompt} in the {where}, {asked} in the completion). "
+            f"Please reduce the length of the {where} or completion.", where, "context_length_exceeded")
+    return asked
+
+
+def queue_full(detail: str, snapshot: dict, metrics: Metrics) -> Refused:
+    """429 with Retry-After: the queue's expected wait, from the mean request time so far."""
+    mean = metrics.request_seconds / metrics.finished if metrics.finished else 1.0
+    wait = mean * (snapshot["queued"] + 1) / max(1, snapshot["slots"])
+    return Refused(429, f"The server is busy: {detail}. Retry later.", retry_after=min(60, max(1, math.ceil(wait))),
+                   type="rate_limit_error", code="queue_full")
+
+
+def unavailable(detail: str) -> Refused:
+    return Refused(503, f"The server is unavailable: {detail}.", retry_after=5, type="server_error",
+                   code="server_shutting_down" if "shutting down" in detail else "server_unavailable")
+
+
+class Drain:
+    """Graceful shutdown: `begin()` (from the SIGTERM handler) stops admitting at once;
+    after `grace_s` the scheduler stops and fails whatever still runs or waits with a 503."""
+
+    def __init__(self, scheduler: Scheduler, grace_s: float) -> None:
+        self.scheduler = scheduler
+        self.grace_s = grace_s
+        self._timer: threading.Timer | None = None
+
+    def begin(self) -> None:
+        if self._timer is not None:
+            return
+        self.scheduler.drain()
+        self._timer = threading.Timer(self.grace_s, self.scheduler.stop)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()

@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""Soak `localspec serve`: many clients at once, a third of them walking away, and then
+proof that nothing was lost. The CI test (tests/test_serve_soak.py) runs the same code
+for a bounded number of requests; run this for longer:
+
+    python scripts/soak_serve.py --clients 32 --duration 600        # starts a server
+    python scripts/soak_serve.py --url http://127.0.0.1:8080 --clients 16 --requests 8
+
+Every client sends greedy requests drawn (seeded) from a fixed set: chat and
+completions, streaming and not, repetitive prompts the n-gram drafter copies from, and
+chat requests carrying a `prediction`. About a third disconnect on purpose, at a random
+moment: cut off at a random time (before, during or after the body; mid-stream), closed
+after k streamed chunks, a body sent half-way, or a request sent and never read.
+
+Afterwards: the server answered every request that stayed (no 5xx), each completed
+reply is exactly the text the same request gets alone (computed once, one request at a
+time, on the same server, before the load), every slot is free and llama.cpp's KV
+cache holds no cells for any slot (/health kv_tokens), and /metrics balances
+(requests started = finished + cancelled + failed, none failed). When it started the
+server, it also checks that SIGTERM exits 0 and that the acceptance log holds one row
+per finished request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+
+REPEAT = "alpha beta gamma delta epsilon " * 6  # the n-gram drafter finds spans to copy
+CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
+PROMPTS = [
+    "List the days of the week, one per line.",
+    "Write a Python function that reverses a string.",
+    f"Repeat this exactly: {REPEAT}",
+    "Name three colours of the rainbow.",
+]
+POEM = "Roses are red,\nViolets are blue,\nSugar is sweet,\nAnd so are you."
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One distinct request (its greedy text is fixed); streaming does not change it."""
+
+    kind: str  # chat | completion
+    prompt: str
+    max_tokens: int
+    prediction: str | None = None
+    ignore_eos: bool = True
+
+    def body(self, stream: bool) -> dict:
+        b: dict = {"model": "m", "max_tokens": self.max_tokens, "temperature": 0, "stream": stream,
+                   "ignore_eos": self.ignore_eos}
+        if stream:
+            b["stream_options"] = {"include_usage": True}
+        if self.kind == "chat":
+            b["messages"] = [{"role": "user", "content": self.prompt}]
+            if self.prediction:
+                b["prediction"] = {"type": "content", "content": self.prediction}
+        else:
+            b["prompt"] = self.prompt
+        return b
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.kind == "chat" else "/v1/completions"
+
+
+def specs(max_tokens: int) -> list[Spec]:
+    out = [Spec("chat", p, max_tokens) for p in PROMPTS]
+    out += [Spec("completion", CODE, max_tokens), Spec("completion", REPEAT, max_tokens),
+            Spec("completion", "The capital of France is", max_tokens, ignore_eos=False)]
+    out += [Spec("chat", f"Repeat this poem:\n{POEM}", max_tokens, prediction=POEM),
+            Spec("chat", f"Repeat this exactly: {REPEAT}", max_tokens, prediction=REPEAT)]
+    return out
+
+
+FAULTS = ("cut", "after_chunks", "half_body", "no_read")
+
+
+@dataclass
+class Result:
+    spec: Spec
+    stream: bool
+    fault: str | None
+    status: int | None = None  # None: the client left before a status came
+    text: str | None = None
+    tokens: int = 0
+    error: str | None = None
+
+
+# ----- one request -----------------------------------------------------------------
+
+
+async def _send(http: httpx.AsyncClient, spec: Spec, stream: bool, res: Result, max_chunks: int | None) -> None:
+    """Send the request; read a reply (streamed pieces joined), or only max_chunks pieces."""
+    if not stream:
+        r = await http.post(spec.path, json=spec.body(False))
+        res.status = r.status_code
+        body = r.json()
+        if r.status_code == 200:
+            choice = body["choices"][0]
+            res.text = choice["message"]["content"] if spec.kind == "chat" else choice["text"]
+            res.tokens = body["usage"]["completion_tokens"]
+        else:
+            res.error = body["error"]["message"]
+        return
+    async with http.stream("POST", spec.path, json=spec.body(True)) as r:
+        res.status = r.status_code
+        parts, n = [], 0
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                res.error = obj["error"]["message"]
+                return
+            if obj.get("usage"):
+                res.tokens = obj["usage"]["completion_tokens"]
+            for ch in obj["choices"]:
+                parts.append((ch["delta"].get("content") if spec.kind == "chat" else ch["text"]) or "")
+            n += 1
+            if max_chunks is not None and n >= max_chunks:
+                return  # leaving the block closes the connection mid-stream
+        res.text = "".join(parts)
+
+
+async def _raw(base: str, spec: Spec, stream: bool, half: bool, key: str | None) -> None:
+    """A request on a bare socket: half a body then close, or all of it and never read."""
+    u = urlsplit(base)
+    _reader, writer = await asyncio.open_connection(u.hostname, u.port)
+    body = json.dumps(spec.body(stream)).encode()
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    head = (f"POST {spec.path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n{auth}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    writer.write(head + (body[: len(body) // 2] if half else body))
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.close()
+    await writer.wait_closed()
+
+
+async def one(http: httpx.AsyncClient, base: str, key: str | None, spec: Spec, stream: bool,
+              fault: str | None, rng: random.Random) -> Result:
+    res = Result(spec, stream, fault)
+    if fault in ("half_body", "no_read"):
+        await _raw(base, spec, stream, fault == "half_body", key)
+        return res
+    chunks = rng.randint(1, max(1, spec.max_tokens // 2)) if fault == "after_chunks" else None
+    task = asyncio.ensure_future(_send(http, spec, stream, res, chunks))
+    if fault == "cut":
+        await asyncio.wait([task], timeout=rng.uniform(0.0, 1.5))
+        task.cancel()  # httpx closes the connection, wherever the request was
+        await asyncio.gather(task, return_exceptions=True)
+    else:
+        await task
+    return res
+
+
+# ----- the load ---------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    base: str
+    key: str | None = None
+    clients: int = 16
+    requests: int = 4  # per client (ignored when duration is set)
+    duration: float | None = None
+    max_tokens: int = 24
+    seed: int = 0
+    fault_share: float = 1 / 3
+    results: list[Result] = field(default_factory=list)
+
+
+def _http(load: Load) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {load.key}"} if load.key else {}
+    return httpx.AsyncClient(base_url=load.base, headers=headers, timeout=300, trust_env=False,
+                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+
+
+async def _client(load: Load, i: int, pool: list[Spec], t_end: float | None) -> None:
+    rng = random.Random(load.seed * 1000 + i)
+    async with _http(load) as http:
+        n = 0
+        while (time.monotonic() < t_end) if t_end else n < load.requests:
+            spec = rng.choice(pool)
+            fault = rng.choice(FAULTS) if rng.random() < load.fault_share else None
+            stream = fault == "after_chunks" or rng.random() < 0.5
+            try:
+                load.results.append(await one(http, load.base, load.key, spec, stream, fault, rng))
+            except httpx.HTTPError as exc:
+                load.results.append(Result(spec, stream, fault, error=f"{type(exc).__name__}: {exc}"))
+            n += 1
+
+
+async def alone(load: Load, pool: list[Spec]) -> dict[Spec, str]:
+    """Each request's greedy text with nothing else running."""
+    out = {}
+    async with _http(load) as http:
+        for spec in pool:
+            res = Result(spec, False, None)
+            await _send(http, spec, False, res, None)
+            assert res.status == 200, f"{spec}: {res.status} {res.error}"
+            out[spec] = res.text
+    return out
+
+
+async def soak(load: Load, pool: list[Spec], n_slots: int) -> float:
+    """Run every client to the end, then one last wave that fills every slot with a
+    stream its client leaves after two chunks (so the last user of each slot is one
+    that left: its cells must go too); returns the wall time."""
+    t0 = time.monotonic()
+    t_end = t0 + load.duration if load.duration else None
+    await asyncio.gather(*(_client(load, i, pool, t_end) for i in range(load.clients)))
+    long = Spec("chat", PROMPTS[0], 4 * load.max_tokens)
+    wave = [Result(long, True, "after_chunks") for _ in range(n_slots)]
+    async with _http(load) as http:
+        await asyncio.gather(*(_send(http, long, True, res, 2) for res in wave))
+    load.results += wave
+    return time.monotonic() - t0
+
+
+# ----- the checks -------------------------------------------------------------------
+
+
+def metrics(base: str, key: str | None) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    text = httpx.get(f"{base}/metrics", headers=headers, timeout=30, trust_env=False).text
+    return {(x.name, tuple(sorted(x.labels.items()))): x.value
+            for fam in text_string_to_metric_families(text) for x in fam.samples}
+
+
+def wait_idle(base: str, timeout: float = 30) -> dict:
+    """/health once no slot is busy and nothing waits (cancelled work is dropped at the
+    scheduler's next step); the last answer if that never happens."""
+    deadline = time.monotonic() + timeout
+    while True:
+        h = httpx.get(f"{base}/health", timeout=30, trust_env=False).json()
+        idle = h["active"] == 0 and h["queued"] == 0 and not any(h.get("kv_tokens", []))
+        if idle or time.monotonic() > deadline:
+            return h
+        time.sleep(0.1)
+
+
+def _delta(after: dict, before: dict, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def check(results: list[Result], texts: dict[Spec, str], health: dict, before: dict, after: dict) -> list[str]:
+    """What went wrong, one line each (empty: the server held)."""
+    problems = []
+    for r in results:
+        what = f"{r.spec.kind} {'stream' if r.stream else 'plain'} fault={r.fault} {r.spec.prompt[:30]!r}"
+        if r.status is not None and r.status >= 500 or (r.error and r.status == 200):
+            problems.append(f"{what}: server error {r.status}: {r.error}")
+        elif r.fault is None and r.status != 429 and (r.status != 200 or r.text is None):
+            problems.append(f"{what}: no reply ({r.status}: {r.error})")
+        if r.text is not None and r.text != texts[r.spec]:
+            problems.append(f"{what}: text differs from alone:\n  got   {r.text!r}\n  alone {texts[r.spec]!r}")
+    if health.get("status") != "ok" or health["active"] or health["queued"]:
+        problems.append(f"server not idle afterwards: {health}")
+    if any(health.get("kv_tokens", [1])):
+        problems.append(f"KV cells left in slots: {health.get('kv_tokens')}")
+    for kind in ("chat", "completion"):
+        started = _delta(after, before, "localspec_requests_started_total", endpoint=kind)
+        ended = {o: _delta(after, before, "localspec_requests_ended_total", endpoint=kind, outcome=o)
+                 for o in ("finished", "cancelled", "failed")}
+        if started != sum(ended.values()) or ended["failed"]:
+            problems.append(f"/metrics for {kind}: started {started:g} != ended {ended}")
+        done = sum(1 for r in results if r.text is not None and r.spec.kind == kind)
+        if ended["finished"] < done:
+            problems.append(f"/metrics for {kind}: {ended['finished']:g} finished < {done} completed")
+    return problems
+
+
+def summary(load: Load, wall: float, alone_s: float, before: dict, after: dict, alone_tokens: float) -> dict:
+    tokens = _delta(after, before, "localspec_generation_tokens_total")
+    faults = {f: sum(1 for r in load.results if r.fault == f) for f in FAULTS}
+    return {"clients": load.clients, "requests": len(load.results),
+            "completed": sum(1 for r in load.results if r.text is not None),
+            "refused_busy": sum(1 for r in load.results if r.status == 429), "faults": faults,
+            "tokens": int(tokens), "wall_s": round(wall, 1), "tok_s": round(tokens / wall, 1),
+            "alone_tok_s": round(alone_tokens / alone_s, 1) if alone_s else None}
+
+
+def run(load: Load) -> tuple[dict, list[str]]:
+    """Alone texts, then the load, then the checks: (summary, problems)."""
+    pool = specs(load.max_tokens)
+    m0 = metrics(load.base, load.key)
+    t0 = time.monotonic()
+    texts = asyncio.run(alone(load, pool))
+    alone_s = time.monotonic() - t0
+    m1 = metrics(load.base, load.key)
+    n_slots = httpx.get(f"{load.base}/health", timeout=30, trust_env=False).json()["slots"]
+    wall = asyncio.run(soak(load, pool, n_slots))
+    health = wait_idle(load.base)
+    m2 = metrics(load.base, load.key)
+    problems = check(load.results, texts, health, m1, m2)
+    alone_tokens = _delta(m1, m0, "localspec_generation_tokens_total")
+    return summary(load, wall, alone_s, m1, m2, alone_tokens), problems
+
+
+# ----- a server of its own ------------------------------------------------------------
+
+
+def start_server(model: str, parallel: int, queue: int, threads: int, home: str,
+                 spec_disable: int = -1) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "localspec", "serve", "-m", model, "--port", str(port), "--parallel",
+           str(parallel), "--queue-size", str(queue), "-c", str(parallel * 1024), "-t", str(threads),
+           "--spec-disable-by-batch-size", str(spec_disable)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "LOCALSPEC_HOME": home}, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{base}/health", timeout=2, trust_env=False).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise SystemExit(f"the server did not start: {proc.stderr.read()[-2000:]}")
+
+
+def stop_server(proc: subprocess.Popen, home: str, finished: float) -> list[str]:
+    """SIGTERM: exit 0, and the acceptance log holds one row per finished request."""
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(60)
+    problems = [] if rc == 0 else [f"server exited {rc} on SIGTERM: {proc.stderr.read()[-2000:]}"]
+    with sqlite3.connect(os.path.join(home, "logs.db")) as db:
+        rows = db.execute("SELECT count(*) FROM generations WHERE command = 'serve'").fetchone()[0]
+    if rows != finished:
+        problems.append(f"acceptance log: {rows} rows for {finished:g} finished requests")
+    return problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", help="a running server (default: start one)")
+    ap.add_argument("--api-key")
+    ap.add_argument("-m", "--model", default="smollm2-135m")
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--spec-disable-by-batch-size", dest="spec_disable", type=int, default=-1,
+                    help="the started server's rule (-1: speculate at any load, the harder case)")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=4, help="per client, without --duration")
+    ap.add_argument("--duration", type=float, help="seconds of load (clients loop until then)")
+    ap.add_argument("-n", "--max-tokens", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as home:
+        proc, base = (None, a.url) if a.url else start_server(a.model, a.parallel, a.clients, a.threads, home,
+                                                              a.spec_disable)
+        load = Load(base, a.api_key, a.clients, a.requests, a.duration, a.max_tokens, a.seed)
+        try:
+            report, problems = run(load)
+            if proc is not None:
+                after = metrics(base, a.api_key)
+                finished = sum(v for (name, labels), v in after.items()
+                               if name == "localspec_requests_ended_total" and ("outcome", "finished") in labels)
+                problems += stop_server(proc, home, finished)
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    print(json.dumps(report) if a.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+    for p in problems:
+        print("PROBLEM:", p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Soak, bounded for CI: 16 clients on 4 slots (SmolLM2, in-process uvicorn), mixing
+chat and completions, streaming and not, n-gram-friendly prompts and `prediction`
+requests, a third of them disconnecting at seeded random moments (cut off at any
+point, closed after k chunks, half a body, never read). The driver is
+scripts/soak_serve.py (run it for longer there); it checks that every completed reply
+is the text the request gets alone, that every slot is free with no KV cells left, and
+that /metrics balances. Here, in-process, the backend's own records are checked too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("uvicorn")
+from test_serve_concurrency import Server
+
+from localspec.core.backend import Model
+from localspec.core.config import ModelConfig, SpecConfig
+
+SLOTS = 4
+
+
+def _driver():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "soak_serve.py"
+    spec = importlib.util.spec_from_file_location("soak_serve", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["soak_serve"] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def model(smol_path):
+    m = Model(ModelConfig(path=smol_path, n_ctx=SLOTS * 512, n_seq_max=SLOTS, n_threads=1))
+    yield m
+    m.close()
+
+
+def test_soak_16_clients_on_4_slots_lose_nothing(model):
+    soak = _driver()
+    with Server(model, n_slots=SLOTS, queue_size=16, spec=SpecConfig(mode="ngram", draft_max=8),
+                spec_disable_by_batch_size=-1) as server:
+        load = soak.Load(server.base, clients=16, requests=3, max_tokens=16, seed=1)
+        report, problems = soak.run(load)
+        print(report)
+        assert not problems, "\n".join(problems)
+        # the load was what it claims: every kind of fault, and replies that completed
+        assert report["requests"] == 48 + SLOTS and report["refused_busy"] == 0
+        assert all(report["faults"].values()), report["faults"]
+        assert report["completed"] >= 24
+        kinds = {(r.spec.kind, r.stream, r.spec.prediction is not None) for r in load.results
+                 if r.text is not None}
+        assert len(kinds) >= 5, kinds
+        # in-process: llama.cpp's count and the backend's record agree every slot is empty
+        assert server.scheduler.alive and not server.scheduler.active
+        for seq in range(SLOTS):
+            assert model.kv_len(seq) == 0 and model.seq_tokens(seq) == [], seq
+        m = soak.metrics(server.base, None)
+        assert m[("localspec_accepted_tokens_total", ())] > 0  # drafts were accepted under load
