@@ -145,7 +145,7 @@ def _solo_plain(target: Model, prompts: list[str], n: int) -> list[str]:
 def _metric(text: str, name: str, **labels: str) -> float:
     """One sample of the Prometheus text; 0 when absent."""
     sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    m = re.search(rf"^localspec_{name}{{{sel}}} (\S+)$" if sel else rf"^localspec_{name} (\S+)$", text, re.M)
+    m = re.search(rf"^localspec_{name}{{{sel}}} (\S+)$" if sel else rf"^localspec_{name} (\S+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
 
 
