@@ -35,7 +35,8 @@ SPECS = {
 
 
 def measure(target, draft, prompts: list[list[int]], c: int, spec: SpecConfig, n: int) -> dict:
-    """C clients, each sending its share of `prompts` one after another."""
+    """C clients, each sending its share of `prompts` (at least C) one after another."""
+    prompts = [prompts[i % len(prompts)] for i in range(max(c, len(prompts)))]
     cfg = SchedulerConfig(n_slots=c, queue_size=len(prompts), spec=spec, spec_disable_by_batch_size=-1)
     sched = Scheduler(target, cfg, draft=draft if spec.mode in ("model", "auto") else None)
     events: queue.Queue = queue.Queue()
@@ -104,10 +105,11 @@ def main() -> int:
             for mode in modes:
                 r = runs[mode]
                 same = sum(a == b for a, b in zip(r["texts"], base["texts"]))
+                total = len(base["texts"])
                 acc = ", ".join(f"{k} {a}/{d}" for k, (_, d, a) in sorted(r["by_drafter"].items()))
                 rows = r["rows_per_draft_decode"]
                 print(f"C={c} {mode:6s} {r['tok_s']:7.2f} tok/s  x{r['tok_s'] / base['tok_s']:.2f} vs none"
-                      f"  same text {same}/{len(prompts)}  accepted/drafted: {acc or '-'}"
+                      f"  same text {same}/{total}  accepted/drafted: {acc or '-'}"
                       + (f"  slots per draft decode {rows:.2f}" if rows else ""), flush=True)
     return 0
 
