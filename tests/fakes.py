@@ -1,9 +1,9 @@
 """Test doubles and statistics helpers shared by the pure (no model loaded) tests.
 
 FakeModel implements the part of `localspec.core.backend.Model` that the engine and the
-model drafter use on sequence 0: n_ctx, n_ctx_seq, n_vocab, n_past, cached, llama_s,
-decode, rewind, is_eog and detokenizer; prefill and common_prefix are the backend's own
-(PrefixCache), so the engine tests exercise the real prefix reuse. Its logits come from
+model drafter use on sequence 0: n_ctx, n_ctx_seq, n_batch, n_vocab, n_past, cached,
+seq_tokens, llama_s, decode, decode_multi, rewind, is_eog and detokenizer; prefill and
+common_prefix are the backend's own (PrefixCache), so the engine tests exercise the real prefix reuse. Its logits come from
 a deterministic function of the context, so the "true" continuation of any context is
 known to the tests. It keeps real KV bookkeeping (`cached`) plus the simulated KV cells
 (`cells`), which can run ahead of `cached` when a decode is interrupted, exactly like
@@ -201,6 +201,21 @@ class FakeModel(PrefixCache):
         ctx = self.cached
         out = np.stack([np.asarray(self.logits_fn(ctx[: base + r + 1]), dtype=np.float32) for r in rows])
         return out
+
+    n_batch = 512
+
+    def seq_tokens(self, seq: int = 0) -> list[int]:
+        assert seq == 0, "the fake holds one sequence"
+        return self.cached
+
+    def decode_multi(self, entries: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
+        """The backend's batched decode, for the one sequence the fake holds."""
+        (seq, tokens, n_rows), = entries
+        assert seq == 0, "the fake holds one sequence"
+        if not n_rows:
+            self.decode(tokens, "last")
+            return [np.empty((0, self.n_vocab), dtype=np.float32)]
+        return [self.decode(tokens, list(range(len(tokens) - n_rows, len(tokens))))]
 
     def rewind(self, n_past: int, force: bool = False, *, seq: int = 0) -> None:
         assert seq == 0, "the fake holds one sequence"

@@ -345,10 +345,10 @@ def test_sigterm_finishes_in_flight_stream_and_exits_cleanly(smol_path, tmp_path
             proc.wait()
 
 
-def test_serve_refuses_draft_model_modes(smol_path):
+def test_serve_draft_model_modes_need_a_draft(smol_path):
     r = subprocess.run([sys.executable, "-m", "localspec", "serve", "-m", smol_path, "--spec", "model"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "n-grams" in r.stderr
+    assert r.returncode == 2 and "needs a draft model" in r.stderr
 
 
 # ----- pure pieces (no model) ----------------------------------------------------

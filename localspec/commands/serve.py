@@ -17,6 +17,7 @@ from localspec.commands.options import (
     spec_config,
     spec_options,
 )
+from localspec.core.config import SpecConfig
 from localspec.core.errors import UsageError
 from localspec.core.runtime import find_profile, open_runtime
 from localspec.serve.admission import MAX_MESSAGES, Drain
@@ -78,36 +79,36 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         -d '{"model": "x", "messages": [{"role": "user", "content": "hi"}]}'
 
     -c is the total context, split across the --parallel slots
-    (default: 4096 per slot, 32768 in all). Slots draft with n-grams (--spec auto means ngram
-    here; a request's `prediction` is a second n-gram source); --draft is ignored.
+    (default: 4096 per slot, 32768 in all). Slots draft with n-grams (a request's
+    `prediction` is a second n-gram source); with --draft MODEL (or auto) also with the
+    draft model, one sequence of its context per slot, all slots' drafts in one batched
+    draft decode per token. --spec auto chooses per slot between n-gram, the model and
+    plain decoding (without a draft model it means ngram here).
     """
     verbose = bool(ctx.obj and ctx.obj.get("verbose"))
     _setup_logging(verbose)
     if ctx.get_parameter_source("n_ctx") == click.core.ParameterSource.DEFAULT:
         kw["n_ctx"] = default_n_ctx(parallel)
     opts = load_options(kw, verbose)
-    if kw.get("spec") in ("model", "hybrid"):
-        raise UsageError("serve drafts with n-grams (--spec ngram or none); "
-                         "per-slot draft models are not supported yet")
-    if opts.draft and opts.draft.lower() != "none":
-        click.echo("localspec serve: --draft is ignored; slots draft with n-grams", err=True)
-    if kw.get("spec") in (None, "auto"):
-        # auto's cost model times single-sequence verifies; in a shared batch the load
-        # rule below decides when drafts are worth their compute, and AdaptiveK sizes them
-        kw["spec"] = "ngram"
-    spec = spec_config(kw, has_draft=False)
+    has_draft = bool(opts.draft) and opts.draft.lower() != "none"
+    spec_config(dict(kw), has_draft=has_draft)  # bad options fail before the models load
+    want_draft = has_draft and kw.get("spec") in (None, "auto", "model", "hybrid")
+    if has_draft and not want_draft:
+        click.echo(f"localspec serve: --draft is unused with --spec {kw.get('spec')}", err=True)
     sampling = sampling_config(kw)
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(f"localspec serve: WARNING: listening on {host} without --api-key: "
                    "anyone who can reach this port can use the model", err=True)
 
-    with open_runtime(opts, want_draft=False, n_seq_max=parallel) as rt:
-        target = rt.target
-        profile = find_profile(target) if spec_disable is None else None
-        limit, source = spec_threshold(spec_disable, profile)
+    with open_runtime(opts, want_draft=want_draft, n_seq_max=parallel) as rt:
+        target, draft = rt.target, rt.draft
+        spec = _spec(kw, draft)
+        profile = find_profile(target, draft) if spec_disable is None else None
+        c = profile.c if profile and spec.mode in ("model", "hybrid") else None
+        limit, source = spec_threshold(spec_disable, profile, c or 0.0)
         cfg = SchedulerConfig(n_slots=parallel, queue_size=4 * parallel if queue_size is None else queue_size,
                               spec=spec, spec_disable_by_batch_size=limit, prefill_chunk=prefill_chunk)
-        scheduler = Scheduler(target, cfg)
+        scheduler = Scheduler(target, cfg, draft=draft)
         settings = ServeSettings(
             model_id=model_id_for(target.path, alias), api_key=api_key, max_body_bytes=max_body_bytes,
             max_messages=max_messages, max_tokens_limit=max_tokens_limit, default_max_tokens=max_tokens, sampling=sampling,
@@ -116,11 +117,25 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         app = create_app(scheduler, target, settings)
         rule = "never off" if limit is None else f"off above {limit} active ({source})"
         click.echo(f"localspec serve: http://{_url_host(host)}:{port}/v1  model {settings.model_id}  "
-                   f"{parallel} slots x {target.n_ctx_seq} tokens  spec {spec.mode}, {rule}", err=True)
+                   f"{parallel} slots x {target.n_ctx_seq} tokens  spec {spec.mode}, {rule}"
+                   + (f"  draft {draft.name}" if draft else ""), err=True)
         config = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=verbose,
                                 log_level="info" if verbose else "warning")
         _Server.run_draining(config, Drain(scheduler, shutdown_timeout))
     click.echo("localspec serve: stopped", err=True)
+
+
+def _spec(kw: dict, draft: object | None) -> SpecConfig:
+    """The slots' drafting, once it is known whether a draft model loaded."""
+    mode = kw.get("spec") or "auto"
+    if mode in ("model", "hybrid") and draft is None:
+        raise UsageError(f"--spec {mode}: --draft auto found no compatible draft model")
+    if mode == "auto" and draft is None:
+        # with n-grams alone, auto's per-round choice rests on single-sequence verify
+        # times; in a shared batch the load rule decides when drafts are worth their
+        # compute, and AdaptiveK sizes them
+        kw["spec"] = "ngram"
+    return spec_config(kw, has_draft=draft is not None)
 
 
 class _Server(uvicorn.Server):

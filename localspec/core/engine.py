@@ -209,24 +209,35 @@ class Generation:
         """1. draft: the batch to verify, [id_last, *draft]. `k_cap` bounds the draft (the
         server's share of a batch; 0 turns speculation off). [] when the context is full:
         the generation then ends ("context")."""
+        return self.batch() if self.propose(k_cap) else []
+
+    def propose(self, k_cap: int | None = None) -> bool:
+        """1a. ask the drafter for up to k tokens (False when the context is full). A
+        draft model shared by the server's sequences fills its draft in one batched pass
+        for all of them (DraftBatch.run) between propose() and batch()."""
         n_past = len(self.tokens) - 1  # cached: every context token but id_last
         room = self.target.n_ctx_seq - n_past - 1  # draft tokens that fit after id_last
         if room < 0:
             self.stats.stop_reason = "context"
-            return []
+            return False
         left = self.gen.max_tokens - self.stats.generated if self.gen.max_tokens > 0 else room
         k = 0
         if self.spec.mode != "none":  # never past -n: the round's own token comes on top
             k = max(0, min(self.policy.k, room, left - 1, room if k_cap is None else k_cap))
         td = time.perf_counter()
-        draft = self.drafter.draft(self.tokens, k) if k > 0 else Draft()
-        draft.tokens = draft.tokens[:k]
-        if len(draft.tokens) < self.spec.draft_min:
-            draft = Draft()  # too short to be worth a batched verify
-        self.draft_s = time.perf_counter() - td
+        self.draft = self.drafter.draft(self.tokens, k) if k > 0 else Draft()
+        self.k, self.draft_s = k, time.perf_counter() - td
+        return True
+
+    def batch(self) -> list[int]:
+        """1b. the batch to verify, [id_last, *draft], once the draft is complete."""
+        draft = self.draft
+        draft.tokens = draft.tokens[: self.k]
+        self.draft_s += draft.batch_s
         self.stats.draft_s += self.draft_s
-        self.draft, self.k = draft, k
-        return [self.id_last, *draft.tokens]
+        if len(draft.tokens) < self.spec.draft_min:
+            self.draft = Draft()  # too short to be worth a batched verify
+        return [self.id_last, *self.draft.tokens]
 
     def accept(self, rows: np.ndarray, decode_s: float) -> list[Event]:
         """3. accept and 4. rewind, given the logits of every row of plan()'s batch (already

@@ -16,7 +16,7 @@ from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter
-from localspec.core.drafters.model import ModelDrafter
+from localspec.core.drafters.model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
 from localspec.models.drafts import draft_candidates
 from localspec.models.gguf_info import GGUFError
@@ -45,7 +45,7 @@ class Runtime:
 def open_runtime(opts: LoadOptions, *, want_draft: bool, n_seq_max: int = 1) -> Runtime:
     """Resolve and load the models; the draft only when `want_draft` and one is named
     (`auto`: the best compatible draft on disk, or none). `n_seq_max`: parallel
-    sequences in the target's context (serving)."""
+    sequences in the target's context and the draft's (serving: one per slot)."""
     target_path = models.resolve(opts.model, role="target")
     draft_spec = (opts.draft or "none") if want_draft else "none"
     draft_path = None  # resolved before any load: a bad name fails fast
@@ -55,9 +55,9 @@ def open_runtime(opts: LoadOptions, *, want_draft: bool, n_seq_max: int = 1) -> 
     try:
         draft = None
         if draft_spec.lower() == "auto":
-            draft = _auto_draft(target, opts)
+            draft = _auto_draft(target, opts, n_seq_max)
         elif draft_path is not None:
-            draft = load_model(opts, "draft", draft_path)
+            draft = load_model(opts, "draft", draft_path, n_seq_max=n_seq_max)
             _check_pair(target, draft)
     except BaseException:
         target.close()
@@ -108,7 +108,7 @@ def _check_pair(target: Model, draft: Model) -> None:
         raise
 
 
-def _auto_draft(target: Model, opts: LoadOptions) -> Model | None:
+def _auto_draft(target: Model, opts: LoadOptions, n_seq_max: int = 1) -> Model | None:
     """The best draft on disk by its header (models/drafts.py) that check_pair accepts
     once loaded; None (n-gram drafting) when there is none. Says which on stderr."""
     try:
@@ -118,7 +118,7 @@ def _auto_draft(target: Model, opts: LoadOptions) -> Model | None:
         return None
     for cand in kept[:AUTO_DRAFT_TRIES]:
         try:
-            draft = load_model(opts, "draft", cand.path)
+            draft = load_model(opts, "draft", cand.path, n_seq_max=n_seq_max)
         except LocalspecError as exc:
             _notice(f"draft auto: skipped {cand.name}: {exc}")
             continue
@@ -144,15 +144,21 @@ def make_drafter(
     draft_model: Model | None,
     extra: Sequence[int] = (),
     target: Model | None = None,
+    *,
+    seq: int = 0,
+    batch: DraftBatch | None = None,
 ) -> Drafter:
     """The drafter for `spec.mode`; `extra` is a second n-gram source (a file's tokens).
-    `auto` uses the calibration profile of `target` (and the draft) when one exists."""
+    `auto` uses the calibration profile of `target` (and the draft) when one exists.
+    The model drafter drafts on the draft's sequence `seq`; with `batch` (the server's
+    slots) its drafts are made together with the other slots' when the batch runs."""
     if spec.mode == "none":
         return NoDrafter()
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra)
     if spec.mode == "ngram":
         return ngram
-    model = ModelDrafter(draft_model, sampling, spec.draft_p_min) if draft_model else None
+    model = (ModelDrafter(draft_model, sampling, spec.draft_p_min, seq=seq, batch=batch)
+             if draft_model else None)
     if spec.mode == "auto":
         profile = find_profile(target, draft_model) if target is not None else None
         return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max))

@@ -49,6 +49,11 @@ class Metrics:
         # decode-only steps (no prefill in the batch) by (sequences, speculating):
         # [steps, seconds, tokens emitted] -- throughput at each batch size, live
         self.by_batch: dict[tuple[int, bool], list[float]] = defaultdict(lambda: [0, 0.0, 0])
+        # by drafter (ngram, model): [rounds that drafted, drafted, accepted]
+        self.by_drafter: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+        self.draft_model_decodes = 0  # batched draft-model decodes in drafting phases
+        self.draft_model_rows = 0  # sequences in them (/ decodes: slots drafted together)
+        self.draft_model_seconds = 0.0
         self._render_lock = threading.Lock()
         self._gauges: dict[str, tuple[str, float]] = {}  # live state, set for one render
         self.registry = CollectorRegistry(auto_describe=False)
@@ -70,11 +75,24 @@ class Metrics:
         with self._lock:
             self.ended[(endpoint, outcome)] += 1
 
-    def round(self, n_draft: int, n_accept: int, n_new: int) -> None:
-        """One sequence's verify: n_new tokens emitted (accepted + the target's own)."""
+    def round(self, n_draft: int, n_accept: int, n_new: int, source: str = "none") -> None:
+        """One sequence's verify: n_new tokens emitted (accepted + the target's own);
+        `source`: the drafter that made the draft (ngram, model)."""
         with self._lock:
             self.generated_tokens += n_new
             count_round(self, n_draft, n_accept)  # same counters as GenerationStats
+            if n_draft:
+                row = self.by_drafter[source]
+                row[0] += 1
+                row[1] += n_draft
+                row[2] += n_accept
+
+    def draft_decodes(self, n_decodes: int, n_rows: int, seconds: float) -> None:
+        """One drafting phase: n_decodes batched draft-model decodes of n_rows sequences in all."""
+        with self._lock:
+            self.draft_model_decodes += n_decodes
+            self.draft_model_rows += n_rows
+            self.draft_model_seconds += seconds
 
     def first_token(self, n: int) -> None:
         with self._lock:
@@ -136,6 +154,7 @@ class Metrics:
             out.append(_gauge("acceptance_rate", "Accepted / drafted since start.", acc))
             out += self._position_families()
             out += self._batch_families()
+            out += self._drafter_families()
         out += [_gauge(name, help_, value) for name, (help_, value) in self._gauges.items()]
         return out
 
@@ -180,6 +199,18 @@ class Metrics:
         return families
 
 
+    def _drafter_families(self) -> list[Metric]:
+        families = [CounterMetricFamily(PREFIX + name, help_, labels=["drafter"])
+                    for name, help_ in DRAFTER_COUNTERS]
+        rate = GaugeMetricFamily(PREFIX + "drafter_acceptance_rate", "Accepted / drafted by drafter.",
+                                 labels=["drafter"])
+        for source, row in sorted(self.by_drafter.items()):
+            for fam, value in zip(families, row):
+                fam.add_metric([source], value)
+            rate.add_metric([source], row[2] / row[1])
+        return [*families, rate]
+
+
 # (metric name, attribute, help): plain counters, in exposition order
 COUNTERS = (
     ("prompt_tokens_total", "prompt_tokens", "Prompt tokens of admitted requests."),
@@ -197,6 +228,16 @@ COUNTERS = (
     ("request_seconds_total", "request_seconds", "Admission to end, summed over finished requests."),
     ("time_to_first_token_seconds_total", "ttft_seconds", "Admission to first token, summed."),
     ("requests_finished_total", "finished", "Generations that ended after admission."),
+    ("draft_model_decodes_total", "draft_model_decodes", "Batched decodes of the draft model (all slots' drafts)."),
+    ("draft_model_decode_sequences_total", "draft_model_rows",
+     "Sequences in those decodes (/ decodes: slots drafted per decode)."),
+    ("draft_model_seconds_total", "draft_model_seconds", "Time in the drafting phases."),
+)
+# verify rounds that carried a draft, by drafter: the columns of Metrics.by_drafter
+DRAFTER_COUNTERS = (
+    ("drafter_rounds_total", "Verify rounds that carried a draft, by drafter."),
+    ("drafter_draft_tokens_total", "Draft tokens verified, by drafter."),
+    ("drafter_accepted_tokens_total", "Draft tokens accepted, by drafter."),
 )
 # decode-only steps by (batch size, speculation): the columns of Metrics.by_batch
 BATCH_COUNTERS = (

@@ -6,12 +6,15 @@ Each step:
      active (vLLM's --speculative-disable-by-batch-size): with a full batch the machine
      is compute-bound, and a rejected draft token is compute taken from another user
   3. every decoding sequence plans its round, [id_last] or [id_last, *draft] (the
-     engine's Generation.plan: the same round generate() runs); prompts still
-     prefilling add a chunk (at most `prefill_chunk` tokens per step in all, so a long
-     prompt delays the others by one chunk per step, not by its whole length)
+     engine's Generation.propose and .batch: the same round generate() runs); between
+     the two, the drafting phase makes every slot's draft-model draft at once (with
+     --draft: one KV sequence per slot in the draft's context; k draft tokens for N
+     slots are k batched draft decodes of N rows); prompts still prefilling add a chunk
+     (at most `prefill_chunk` tokens per step in all, so a long prompt delays the
+     others by one chunk per step, not by its whole length)
   4. ONE decode_multi for all of it; each sequence accepts from its own rows
      (Generation.accept: verify, rewind its rejected cells, the round's events)
-  5. finished, cancelled and failed sequences free their cells at once
+  5. finished, cancelled and failed sequences free their cells (target and draft) at once
 A failure while planning, decoding or accepting fails only the request it belongs to: a
 failed batched decode is retried one sequence at a time to find the culprit.
 
@@ -33,6 +36,7 @@ import numpy as np
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
+from localspec.core.drafters.model import DraftBatch
 from localspec.core.engine import GenerationStats, Round, Token
 from localspec.core.events import TokenLogprob
 from localspec.core.runtime import make_drafter
@@ -113,18 +117,26 @@ class _Active:
 
 
 class Scheduler:
+    """`draft`: the draft model, loaded with a sequence per slot (n_seq_max >= n_slots).
+    `drafter_factory` (spec, sampling, extra) -> Drafter replaces the slots' drafters
+    (the default: make_drafter for the slot's sequence of `draft`)."""
+
     def __init__(self, target: Model, cfg: SchedulerConfig, metrics: Metrics | None = None,
                  drafter_factory: Callable[[SpecConfig, SamplingConfig, list[int]], Drafter] | None = None,
-                 ) -> None:
-        if cfg.n_slots > target.cfg.n_seq_max:
-            raise ValueError(f"{cfg.n_slots} slots need a model loaded with n_seq_max >= {cfg.n_slots}")
-        if cfg.n_slots >= target.n_batch:
-            raise ValueError(f"at most {target.n_batch - 1} slots with a batch of {target.n_batch}")
+                 draft: Model | None = None) -> None:
+        for role, m in (("target", target), ("draft", draft)):
+            if m is None:
+                continue
+            if cfg.n_slots > m.cfg.n_seq_max:
+                raise ValueError(f"{cfg.n_slots} slots need a {role} loaded with n_seq_max >= {cfg.n_slots}")
+            if cfg.n_slots >= m.n_batch:
+                raise ValueError(f"at most {m.n_batch - 1} slots with a batch of {m.n_batch}")
         self.target = target
         self.cfg = cfg
         self.metrics = metrics or Metrics()
-        self.drafter_factory = drafter_factory or (
-            lambda spec, sampling, extra: make_drafter(spec, sampling, None, extra))
+        self.drafter_factory = drafter_factory
+        self.draft = draft
+        self.drafts = DraftBatch(draft) if draft is not None else None  # this step's model drafts
         self.queue: deque[Job] = deque()
         self.active: list[_Active] = []
         self.free = list(range(cfg.n_slots))  # sequence ids
@@ -185,6 +197,7 @@ class Scheduler:
                 # idle: the rule's answer for zero load, even before the loop re-evaluates
                 "speculation": self.speculating if self.active else self.cfg.spec.mode != "none",
                 "spec_mode": self.cfg.spec.mode,
+                "draft": self.draft.name if self.draft is not None else None,
                 "spec_disable_by_batch_size": -1 if limit is None or limit < 0 else limit,
                 "alive": self.alive, "draining": self.draining, "kv_tokens": list(self.kv_tokens)}
 
@@ -224,7 +237,8 @@ class Scheduler:
                 continue
             seq = self.free.pop(0)
             try:
-                drafter = self.drafter_factory(self.cfg.spec, job.sampling, job.extra)
+                self._free_draft(seq)  # whatever the slot's last user left
+                drafter = self._drafter(job, seq)
                 state = SeqState(self.target, seq, job.prompt, drafter, sampling=job.sampling,
                                  spec=self.cfg.spec, gen=job.gen)
             except Exception as exc:
@@ -233,6 +247,12 @@ class Scheduler:
                 job.emit(Failed(f"could not start the request: {exc}"))
                 continue
             self.active.append(_Active(job, state))
+
+    def _drafter(self, job: Job, seq: int) -> Drafter:
+        if self.drafter_factory is not None:
+            return self.drafter_factory(self.cfg.spec, job.sampling, job.extra)
+        return make_drafter(self.cfg.spec, job.sampling, self.draft, job.extra, self.target,
+                            seq=seq, batch=self.drafts)
 
     def _speculate(self) -> bool:
         limit = self.cfg.spec_disable_by_batch_size
@@ -259,8 +279,10 @@ class Scheduler:
         k_cap = max(0, (n_batch - reserve) // max(1, len(decoding)) - 1)
         entries: list[tuple[int, list[int], int]] = []
         owners: list[_Active] = []
-        for a in decoding:
-            toks = self._guard(a, a.state.plan, k_cap if speculate else 0)
+        proposed = [a for a in decoding if self._guard(a, a.state.propose, k_cap if speculate else 0)]
+        self._draft_phase()
+        for a in proposed:
+            toks = self._guard(a, a.state.batch)
             if toks:
                 entries.append((a.state.seq, toks, len(toks)))
                 owners.append(a)
@@ -276,6 +298,13 @@ class Scheduler:
             self._decode(entries, owners, speculate)
         self._retire()
         self._speculate()  # load may have dropped: /metrics shows the rule's state now
+
+    def _draft_phase(self) -> None:
+        """Every slot's draft-model draft this step, in one pass of batched decodes."""
+        if self.drafts is not None:
+            n_decodes, n_rows, seconds = self.drafts.run()
+            if n_decodes:
+                self.metrics.draft_decodes(n_decodes, n_rows, seconds)
 
     def _decode(self, entries: list[tuple[int, list[int], int]], owners: list[_Active],
                 speculate: bool) -> None:
@@ -312,7 +341,7 @@ class Scheduler:
         else:
             events = st.accept(rows, dt)
             rnd: Round = events[0]  # accept() returns the Round first, then the tokens
-            self.metrics.round(rnd.n_draft, rnd.n_accept, st.stats.generated - before)
+            self.metrics.round(rnd.n_draft, rnd.n_accept, st.stats.generated - before, rnd.source)
         tokens = [ev for ev in events if isinstance(ev, Token)]
         text = "".join(ev.text for ev in tokens)
         logprobs = tuple(ev.logprob for ev in tokens if ev.logprob is not None)
@@ -365,5 +394,12 @@ class Scheduler:
     def _safe_release(self, a: _Active) -> None:
         try:
             a.state.release()
+            self._free_draft(a.state.seq)
         except Exception:  # the context is broken beyond one sequence; nothing better to do
             log.exception("could not free sequence %d", a.state.seq)
+
+    def _free_draft(self, seq: int) -> None:
+        """Drop the slot's cells in the draft's context too: a stale cell past the draft
+        sequence's record would break the next user's first draft decode."""
+        if self.draft is not None:
+            self.draft.rewind(0, force=True, seq=seq)
