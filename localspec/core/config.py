@@ -64,8 +64,11 @@ class SpecConfig:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """When to stop."""
+    """When to stop, and what the output may be."""
 
     max_tokens: int = 512  # -n; <= 0 means until EOS or context full
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    # GBNF (root rule `root`) every generated token must follow: --grammar, --json-schema,
+    # response_format; the engine compiles it with llama.cpp's grammar sampler
+    grammar: str | None = None

@@ -33,6 +33,8 @@ from starlette.routing import Route
 from localspec.acceptance import logdb
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig
+from localspec.core.errors import GrammarError
+from localspec.core.grammar import check_grammar
 from localspec.serve import protocol
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.scheduler import (
@@ -175,6 +177,8 @@ class _Api:
             req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
             # tokenizing a long prompt takes a while: keep the event loop free meanwhile
             prompt, prompt_text = await asyncio.to_thread(self._prompt, req)
+            if req.grammar:
+                await asyncio.to_thread(self._check_grammar, req.grammar)
             queue: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
             extra = (await asyncio.to_thread(self.target.tokenize, req.prediction, False, False)
@@ -253,6 +257,13 @@ class _Api:
                 "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
         return tokens, text
 
+    def _check_grammar(self, gbnf: str) -> None:
+        """llama.cpp parses the grammar here, so a bad one is a 400, not a failed job."""
+        try:
+            check_grammar(self.target, gbnf)
+        except GrammarError as exc:
+            raise protocol.grammar_error(exc) from None
+
     def _sampling(self, req: GenRequest) -> SamplingConfig:
         d = self.settings.sampling
         pick = lambda v, default: default if v is None else v
@@ -268,7 +279,7 @@ class _Api:
                                        param, "invalid_value")
         n = req.max_tokens if req.max_tokens is not None else self.settings.default_max_tokens
         n = min(n, limit) if n > 0 else limit
-        return GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos)
+        return GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos, grammar=req.grammar)
 
     def log_generation(self, req: GenRequest, job: Job, stats: object, prompt_text: str, output: str) -> None:
         """Best effort, off the event loop: the acceptance log must never break serving."""

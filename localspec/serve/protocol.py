@@ -20,6 +20,8 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from localspec.core.engine import GenerationStats
+from localspec.core.errors import GrammarError
+from localspec.core.grammar import JSON_GBNF, json_schema_grammar
 from localspec.serve import schema
 
 BodyT = TypeVar("BodyT", bound=schema.CommonBody)
@@ -69,6 +71,7 @@ class GenRequest:
     seed: int | None = None
     ignore_eos: bool = False
     prediction: str | None = None  # chat: predicted output, a second n-gram draft source
+    grammar: str | None = None  # chat: response_format as GBNF the reply must follow
 
 
 # ----- validation: pydantic models (schema.py) -> GenRequest, or a 400 ----------------
@@ -99,7 +102,27 @@ def parse_chat(body: dict) -> GenRequest:
                 for m in b.messages]
     prediction = schema.text_of(b.prediction.content) if b.prediction else None
     return _common("chat", b, messages=messages, max_tokens=b.max_completion_tokens or b.max_tokens,
-                   prediction=prediction)
+                   prediction=prediction, grammar=_grammar(b.response_format))
+
+
+def _grammar(fmt: schema.ResponseFormat | None) -> str | None:
+    """response_format as GBNF: None for text, any JSON object for json_object (and a
+    json_schema without a schema), else the schema's grammar; a schema we cannot use is
+    a 400 naming response_format."""
+    if fmt is None or fmt.type == "text":
+        return None
+    spec = fmt.json_schema
+    if spec is None or spec.schema_ is None:
+        return JSON_GBNF
+    try:
+        return json_schema_grammar(spec.schema_)
+    except GrammarError as exc:
+        raise grammar_error(exc, spec.name) from None
+
+
+def grammar_error(exc: GrammarError, name: str | None = None) -> ApiError:
+    what = f"response_format '{name}'" if name else "response_format"
+    return bad_request(f"Invalid schema for {what}: {exc}", "response_format", "invalid_value")
 
 
 def _common(kind: str, b: schema.CommonBody, **extra: Any) -> GenRequest:

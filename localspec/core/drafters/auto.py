@@ -196,6 +196,11 @@ class AutoDrafter(DrafterBase):
         if self.model is not None:
             self.model.begin(prompt)
 
+    def constrain(self, grammar: object | None) -> None:
+        self.ngram.constrain(grammar)
+        if self.model is not None:
+            self.model.constrain(grammar)
+
     def draft(self, context: Sequence[int], k: int) -> Draft:
         self.rounds += 1
         k = min(k, self.k_max)

@@ -18,6 +18,10 @@ class HybridDrafter(DrafterBase):
         self.ngram.begin(prompt)
         self.model.begin(prompt)
 
+    def constrain(self, grammar: object | None) -> None:
+        self.ngram.constrain(grammar)
+        self.model.constrain(grammar)
+
     def draft(self, context: Sequence[int], k: int) -> Draft:
         found = self.ngram.draft(context, k)
         return found if found.tokens else self.model.draft(context, k)
