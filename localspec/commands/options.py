@@ -173,7 +173,8 @@ def grammar_text(kw: dict) -> str | None:
     except json.JSONDecodeError as exc:
         where = "the inline schema" if inline else schema_arg
         raise UsageError(f"--json-schema: {where} is not JSON: {exc}") from None
-    from localspec.core.grammar import json_schema_grammar  # loads llama_cpp: only when used
+    # imported here: it loads llama_cpp, which only a schema needs
+    from localspec.core.grammar import json_schema_grammar
 
     return json_schema_grammar(schema)
 

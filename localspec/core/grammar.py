@@ -132,7 +132,7 @@ class Grammar:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # interpreter shutdown: llama_cpp may be gone already
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: llama_cpp may be gone
             pass
 
 
