@@ -181,8 +181,8 @@ def test_top_allowed_equals_masking_the_whole_row(density):
             masked = np.where(ok, logits, -np.inf)
             want = np.argsort(-masked, kind="stable")[: min(n, ok.sum())]
             assert top_allowed(logits, g, n).tolist() == want.tolist()
-            if density == 0.5:
-                assert g.full == 0  # found among the first few: the vocabulary was never scanned
+            if density == 0.5 or n == 1 and density == 0.02:
+                assert g.full == 0  # found among the best candidates: the vocabulary never scanned
 
 
 # ----- sampled constrained speculation follows the constrained distribution ----------

@@ -7,9 +7,9 @@ verification both read it through this module, which is what keeps them equal (g
 or equal in distribution (sampled, with the lossless accept rule).
 
 Cost: asking the grammar about the whole vocabulary is the expensive call (every
-token's text against the grammar's stacks: ~70-200 ms for 150k tokens on a CPU), so
-the best few candidates are asked first, in one call, and the whole vocabulary only
-when fewer of them are allowed than needed.
+token's text against the grammar's stacks: ~70-200 ms for 150k tokens on a CPU, ~1 us
+a token), so the argmax is asked alone first (~10-40 us), then the best 16, 256,
+4096... candidates, and the whole vocabulary only when too few of them are allowed.
 """
 
 from __future__ import annotations
@@ -36,14 +36,17 @@ class GrammarLike(Protocol):
 
 def top_allowed(logits: np.ndarray, grammar: GrammarLike, n: int) -> np.ndarray:
     """The ids of the n highest-logit tokens the grammar allows, best first (fewer when
-    fewer are allowed). Exact: when n allowed tokens are found among the m best, no
-    token outside them can outrank them."""
-    m = min(len(logits), max(4 * n, FIRST_LOOK))
-    best = np.argpartition(-logits, m - 1)[:m]
-    best = best[np.argsort(-logits[best], kind="stable")]
-    ok = best[grammar.allowed(best)]
-    if len(ok) >= n or m == len(logits):
-        return ok[:n]
+    fewer are allowed). The m best candidates are asked (m growing 16-fold) before the
+    whole vocabulary. Exact: when n allowed tokens are found among the m best, no token
+    outside them can outrank them."""
+    m = max(4 * n, FIRST_LOOK)
+    while m < len(logits):
+        best = np.argpartition(-logits, m - 1)[:m]
+        best = best[np.argsort(-logits[best], kind="stable")]
+        ok = best[grammar.allowed(best)]
+        if len(ok) >= n:
+            return ok[:n]
+        m *= 16
     allowed = np.flatnonzero(grammar.allowed_all())
     return allowed[np.argsort(-logits[allowed], kind="stable")[:n]]
 

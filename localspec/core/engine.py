@@ -22,8 +22,13 @@ import numpy as np
 
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.core.constrain import GrammarLike, GrammarRows, constrained_argmax, constrained_probs
-from localspec.core.drafters.base import Draft, Drafter
+from localspec.core.constrain import (
+    GrammarLike,
+    GrammarRows,
+    constrained_argmax,
+    constrained_probs,
+)
+from localspec.core.drafters.base import Draft, Drafter, constrain
 from localspec.core.errors import ContextFull
 from localspec.core.events import Done, Event, GenerationStats, Round, Token, count_round
 from localspec.core.grammar import Grammar
@@ -223,9 +228,7 @@ class Generation:
         self.stats.prefill_s = self.t_first - self.t_start
         self.tokens.append(self.id_last)
         self.drafter.begin(self.prompt)
-        constrain = getattr(self.drafter, "constrain", None)  # optional in the protocol
-        if constrain is not None:
-            constrain(self.grammar)
+        constrain(self.drafter, self.grammar)  # a model drafter drafts within it
         event = self.out.add(self.id_last, False)
         return [event] if event is not None else []
 

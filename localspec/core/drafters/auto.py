@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.core.drafters.base import Draft, Drafter, DrafterBase
+from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
 from localspec.models.profile import Profile
 
 DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
@@ -197,9 +197,9 @@ class AutoDrafter(DrafterBase):
             self.model.begin(prompt)
 
     def constrain(self, grammar: object | None) -> None:
-        self.ngram.constrain(grammar)
+        constrain(self.ngram, grammar)
         if self.model is not None:
-            self.model.constrain(grammar)
+            constrain(self.model, grammar)
 
     def draft(self, context: Sequence[int], k: int) -> Draft:
         self.rounds += 1

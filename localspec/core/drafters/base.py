@@ -43,6 +43,13 @@ class Drafter(Protocol):
     # A drafter that drafts within it (ModelDrafter) clones it and never advances it.
 
 
+def constrain(drafter: Drafter, grammar: object | None) -> None:
+    """Hand `drafter` the output grammar, if it takes one (optional in the protocol)."""
+    hook = getattr(drafter, "constrain", None)
+    if hook is not None:
+        hook(grammar)
+
+
 class DrafterBase:
     """No-op feedback hooks for drafters that do not learn, and no grammar."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localspec.core.drafters.base import Draft, Drafter, DrafterBase
+from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
 
 
 class HybridDrafter(DrafterBase):
@@ -19,8 +19,8 @@ class HybridDrafter(DrafterBase):
         self.model.begin(prompt)
 
     def constrain(self, grammar: object | None) -> None:
-        self.ngram.constrain(grammar)
-        self.model.constrain(grammar)
+        constrain(self.ngram, grammar)
+        constrain(self.model, grammar)
 
     def draft(self, context: Sequence[int], k: int) -> Draft:
         found = self.ngram.draft(context, k)
