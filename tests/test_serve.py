@@ -392,7 +392,10 @@ def test_protocol_normalises_messages_and_prompts():
     ({"stream_options": {"usage": True}}, "stream_options", "unknown_parameter"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]", "unknown_parameter"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "invalid_type"),
-    ({"response_format": {"type": "json_object"}}, "response_format.type", "unsupported_parameter"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "invalid_value"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}},
+     "response_format.json_schema.name", "invalid_value"),
     ({"tools": [{"type": "function"}]}, "tools[0].function", "missing_required_parameter"),
     ({"logit_bias": {"1": 5}}, "logit_bias", "unsupported_parameter"),
 ])
@@ -415,6 +418,61 @@ def test_protocol_accepts_what_the_openai_client_sends():
                                "logprobs": False, "presence_penalty": 0, "metadata": {"k": "v"}})
     assert (req.temperature, req.top_p, req.seed) == (1.0, 1.0, 7) and isinstance(req.temperature, float)
     assert req.stream and req.include_usage and req.stop == ()
+
+
+# ----- response_format: structured output ------------------------------------------
+
+
+def _json_schema(name: str, schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+@pytest.mark.parametrize("case", ["person", "color", "fruits"])
+def test_response_format_json_schema_output_validates(server, case):
+    jsonschema = pytest.importorskip("jsonschema")
+    from test_grammar import CASES
+
+    schema, question = CASES[case]
+    c = client(server[0])
+    msgs = [{"role": "user", "content": question}]
+    full = c.chat.completions.create(model="m", messages=msgs, max_tokens=128, temperature=0,
+                                     response_format=_json_schema(case, schema))
+    text = full.choices[0].message.content
+    assert full.choices[0].finish_reason == "stop", text
+    jsonschema.validate(json.loads(text), schema)
+    if case == "person":  # streamed: the same text, delta by delta
+        stream = c.chat.completions.create(model="m", messages=msgs, max_tokens=128, temperature=0,
+                                           response_format=_json_schema(case, schema), stream=True)
+        assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == text
+
+
+def test_response_format_json_object_is_a_json_object(server):
+    c = client(server[0])
+    msgs = [{"role": "user", "content": "Give the name and colour of a fruit as JSON."}]
+    out = c.chat.completions.create(model="m", messages=msgs, max_tokens=128, temperature=0,
+                                    response_format={"type": "json_object"})
+    assert out.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(out.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("schema, fault", [
+    ({"type": "foo"}, "invalid JSON schema at type"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "a+"}}}, "unsupported JSON schema"),
+])
+def test_invalid_json_schema_is_a_400_and_the_server_keeps_serving(server, schema, fault):
+    base, _ = server
+    c = client(base)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="m", messages=CHAT, max_tokens=4,
+                                  response_format=_json_schema("bad", schema))
+    err = e.value.body
+    assert err["param"] == "response_format" and err["code"] == "invalid_value"
+    assert err["message"].startswith("Invalid schema for response_format 'bad': ") and fault in err["message"]
+    raw = _error(http(base).post("/v1/chat/completions", json={
+        "model": "m", "messages": CHAT, "response_format": _json_schema("bad", schema)}), 400)
+    assert raw == err
+    ok = c.chat.completions.create(model="m", messages=CHAT, max_tokens=4, temperature=0)
+    assert ok.choices[0].message.content
 
 
 def test_metrics_render_is_valid_prometheus_text():

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import re
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 
@@ -18,6 +20,7 @@ from localspec.core.config import (
     SamplingConfig,
     SpecConfig,
 )
+from localspec.core.errors import UsageError
 
 
 def _stack(*decorators: Callable) -> Callable:
@@ -180,3 +183,47 @@ def sampling_config(kw: dict) -> SamplingConfig:
 
 def gen_config(kw: dict) -> GenerationConfig:
     return GenerationConfig(max_tokens=kw.pop("max_tokens"), stop=tuple(kw.pop("stop")))
+
+
+def grammar_options(f: Callable) -> Callable:
+    """--grammar FILE / --json-schema FILE: constrained output (llama.cpp's spellings of
+    the file forms are aliases)."""
+    return _stack(
+        click.option("--grammar", "--grammar-file", "grammar_file", default=None, metavar="FILE",
+                     help="GBNF grammar file (llama.cpp's format, root rule `root`): every "
+                          "generated token follows it"),
+        click.option("--json-schema", "-jf", "--json-schema-file", "json_schema_file", default=None,
+                     metavar="FILE", help="JSON Schema file (or the schema itself, inline, when "
+                                          "the value starts with '{'): the output is JSON valid under it"),
+    )(f)
+
+
+def grammar_text(kw: dict) -> str | None:
+    """The GBNF of --grammar / --json-schema (None: neither). A schema is checked and
+    converted here, before any model loads; a grammar is parsed by llama.cpp when the
+    generation starts (it needs the vocabulary)."""
+    grammar_file, schema_arg = kw.pop("grammar_file"), kw.pop("json_schema_file")
+    if grammar_file and schema_arg:
+        raise UsageError("--grammar and --json-schema exclude each other: give one")
+    if grammar_file:
+        return _read(grammar_file, "--grammar")
+    if not schema_arg:
+        return None
+    inline = schema_arg.lstrip().startswith("{")
+    text = schema_arg if inline else _read(schema_arg, "--json-schema")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = "the inline schema" if inline else schema_arg
+        raise UsageError(f"--json-schema: {where} is not JSON: {exc}") from None
+    # imported here: it loads llama_cpp, which only a schema needs
+    from localspec.core.grammar import json_schema_grammar
+
+    return json_schema_grammar(schema)
+
+
+def _read(path: str, option: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{option}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None

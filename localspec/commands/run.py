@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import click
 
@@ -12,6 +13,8 @@ from localspec.commands.options import (
     LoadOptions,
     gen_config,
     gen_options,
+    grammar_options,
+    grammar_text,
     load_options,
     log_options,
     model_options,
@@ -113,6 +116,9 @@ def run_generation(
             out.write("\n")
         out.flush()
         if stats is not None:
+            if gen.grammar and stats.stop_reason in ("length", "context"):
+                click.echo(f"warning: the output stopped ({stats.stop_reason}) before the grammar "
+                           "was complete; raise -n", err=True)
             print_stats(stats, stats_format)
             log_generation(
                 "run", stats, target=target.path, draft=rt.draft.path if rt.draft else None,
@@ -128,6 +134,7 @@ def run_generation(
 @spec_options
 @sampling_options
 @gen_options()
+@grammar_options
 @click.option("--system", default=None, help="system message for the chat template")
 @click.option("--raw", is_flag=True, help="send the text as is, without the chat template")
 @click.option("--stats", "stats_format", type=click.Choice(["text", "json", "policy"]),
@@ -144,12 +151,14 @@ def run(ctx: click.Context, prompt: tuple[str, ...], system: str | None, raw: bo
     \b
       git diff | localspec run "write a commit message"
       localspec run --raw "def fib(n):" -n 64
+      localspec run --json-schema person.json "Alice, 30, likes chess"
     """
     opts = load_options(kw, ctx.obj["verbose"])
     spec = spec_config(kw, has_draft=bool(opts.draft and opts.draft.lower() != "none"))
+    gen = replace(gen_config(kw), grammar=grammar_text(kw))
     text = read_prompt(prompt)
     run_generation(
-        opts, spec, sampling_config(kw), gen_config(kw), text,
+        opts, spec, sampling_config(kw), gen, text,
         system=system, raw=raw, stats_format=None if quiet else stats_format,
         tag=tag, log=not no_log,
     )

@@ -25,6 +25,7 @@ from localspec.core.errors import BackendError, ContextFull, UsageError
 from localspec.core.ggml import (  # noqa: F401  (some re-exported: doctor, profile)
     _ll,  # llama_cpp, imported there with a one-line error when it is missing
     backends,
+    captured,
     default_threads,
     device_name,
     devices,
@@ -182,6 +183,11 @@ class Model(PrefixCache):
     @property
     def vocab_type(self) -> int:
         return int(_ll.llama_vocab_type(self._vocab))
+
+    @property
+    def llama_vocab(self) -> object:
+        """llama.cpp's vocabulary handle (for core/grammar.py's grammar sampler)."""
+        return self._vocab
 
     @property
     def bos(self) -> int:

@@ -68,9 +68,12 @@ class SpecConfig:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """When to stop, and what to report per token."""
+    """When to stop, what to report per token, and what the output may be."""
 
     max_tokens: int = 512  # -n; <= 0 means until EOS or context full
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None  # each Token's logprob with this many alternatives; None: off
+    # GBNF (root rule `root`) every generated token must follow: --grammar, --json-schema,
+    # response_format; the engine compiles it with llama.cpp's grammar sampler
+    grammar: str | None = None

@@ -22,7 +22,13 @@ import numpy as np
 
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.core.drafters.base import Draft, Drafter
+from localspec.core.constrain import (
+    GrammarLike,
+    GrammarRows,
+    constrained_argmax,
+    constrained_probs,
+)
+from localspec.core.drafters.base import Draft, Drafter, constrain
 from localspec.core.errors import ContextFull
 from localspec.core.events import (
     Done,
@@ -33,6 +39,7 @@ from localspec.core.events import (
     TokenLogprob,
     count_round,
 )
+from localspec.core.grammar import Grammar
 from localspec.core.sampling import (
     accept_greedy,
     accept_stochastic,
@@ -118,8 +125,14 @@ class Output:
         return self.stops.feed(self.detok.flush())[0] + self.stops.flush()
 
 
-def pick(logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator) -> int:
-    """The target's own next token from one row of logits (argmax, or a sample)."""
+def pick(logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator,
+         grammar: GrammarLike | None = None) -> int:
+    """The target's own next token from one row of logits (argmax, or a sample), among
+    the tokens `grammar` allows next when there is one (the caller advances it)."""
+    if grammar is not None:
+        if sampling.greedy:
+            return constrained_argmax(logits, grammar)
+        return sample(constrained_probs(logits, grammar, sampling), rng)
     if sampling.greedy:
         return int(np.argmax(logits))
     return sample(probs_from_logits(logits, sampling), rng)
@@ -143,15 +156,32 @@ class _LazyArgmax:
 
 
 def verify(
-    rows: np.ndarray, draft: Draft, sampling: SamplingConfig, rng: np.random.Generator
+    rows: np.ndarray, draft: Draft, sampling: SamplingConfig, rng: np.random.Generator,
+    grammar: GrammarLike | None = None,
 ) -> tuple[int, int]:
     """(accepted draft tokens, the target's next token): the accept rule on one round's
-    rows. Shared by generate() and the server's per-sequence rounds."""
+    rows. Shared by generate() and the server's per-sequence rounds. With a grammar (in
+    its state after id_last), row i's choice is among the tokens it allows after
+    draft[:i], so a drafted token it forbids is rejected, and it is left advanced over
+    exactly the accepted tokens and the target's own."""
     # rows[i]: target logits after [id_last, *draft[:i]]; p: target probs, q: draft probs
+    # (q is the distribution the draft was really drawn from: masking it would not be lossless)
+    if grammar is not None:
+        choose = constrained_argmax if sampling.greedy else (
+            lambda row, g: constrained_probs(row, g, sampling))
+        target = GrammarRows(rows, draft.tokens, grammar, choose)
+    elif sampling.greedy:
+        target = _LazyArgmax(rows)
+    else:
+        target = np.stack([probs_from_logits(r, sampling) for r in rows])
     if sampling.greedy:
-        return accept_greedy(draft.tokens, _LazyArgmax(rows))
-    p = np.stack([probs_from_logits(r, sampling) for r in rows])
-    return accept_stochastic(draft.tokens, p, draft.probs, rng)
+        n_accept, id_next = accept_greedy(draft.tokens, target)
+    else:
+        n_accept, id_next = accept_stochastic(draft.tokens, target, draft.probs, rng)
+    if grammar is not None:
+        target.advance(n_accept)
+        grammar.accept(id_next)
+    return n_accept, id_next
 
 
 class Generation:
@@ -186,6 +216,9 @@ class Generation:
         self.tokens = list(prompt)  # the context: prompt + generated, id_last last
         self.id_last = -1  # -1 until start()
         self.draft, self.k, self.draft_s = Draft(), 0, 0.0  # this round's plan
+        # the output's grammar, in its state after every accepted token (None: free text);
+        # llama.cpp's sampler is freed with this object
+        self.grammar = Grammar(target, gen.grammar) if gen.grammar else None
 
     @property
     def done(self) -> bool:
@@ -197,11 +230,14 @@ class Generation:
     def start(self, logits: np.ndarray) -> list[Event]:
         """The prompt is in the cache and `logits` is the row after its last token:
         pick the first token (its cell comes with the first round's batch)."""
-        self.id_last = pick(logits, self.sampling, self.rng)
+        self.id_last = pick(logits, self.sampling, self.rng, self.grammar)
+        if self.grammar is not None:
+            self.grammar.accept(self.id_last)
         self.t_first = time.perf_counter()
         self.stats.prefill_s = self.t_first - self.t_start
         self.tokens.append(self.id_last)
         self.drafter.begin(self.prompt)
+        constrain(self.drafter, self.grammar)  # a model drafter drafts within it
         event = self.out.add(self.id_last, False, self._logprob(logits, self.id_last))
         return [event] if event is not None else []
 
@@ -246,7 +282,7 @@ class Generation:
         t0 = time.perf_counter()
         draft, n_draft = self.draft, len(self.draft.tokens)
         n_past = len(self.tokens) - 1
-        n_accept, id_next = verify(rows, draft, self.sampling, self.rng)
+        n_accept, id_next = verify(rows, draft, self.sampling, self.rng, self.grammar)
         self.target.rewind(n_past + 1 + n_accept, seq=self.seq)  # keep id_last + the prefix
         verify_s = decode_s + time.perf_counter() - t0
         self.stats.verify_s += verify_s

@@ -25,6 +25,11 @@ class ContextFull(UsageError):
     """The prompt (or file) does not fit the context window."""
 
 
+class GrammarError(UsageError):
+    """A grammar or JSON schema that cannot be used, or a grammar that allows no token
+    of the vocabulary at some point (exit 2; HTTP 400 in the server)."""
+
+
 class PullError(LocalspecError):
     """Fetching model weights failed; nothing half-written is left behind."""
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import cache
 
 from localspec.core.errors import BackendError
@@ -27,13 +30,39 @@ except ImportError as exc:  # pragma: no cover - install problem, reported once
     ) from exc
 
 _log_verbose = False
+_log_lock = threading.Lock()
+_log_capture: list[str] | None = None  # llama.cpp's messages while captured()
 
 
 @_ll.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp logs hundreds of lines while loading: silent unless -v
+    if _log_capture is not None and text:
+        _log_capture.append(text.decode("utf-8", errors="replace"))
     if _log_verbose and text:
         sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+@contextmanager
+def captured() -> Iterator[list[str]]:
+    """What llama.cpp says during a call, through its log or straight to stderr (its
+    grammar parser fprintf()s): collected into the yielded list instead of the terminal,
+    to become one line of an error. One caller at a time; fd 2 is borrowed meanwhile."""
+    global _log_capture
+    with _log_lock, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        out: list[str] = []
+        _log_capture = out
+        try:
+            yield out
+        finally:
+            _log_capture = None
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.insert(0, tmp.read().decode("utf-8", errors="replace"))
 
 
 def set_verbose(verbose: bool) -> None:

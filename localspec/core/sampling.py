@@ -93,14 +93,15 @@ def accept_stochastic(
 ) -> tuple[int, int]:
     """Lossless speculative sampling (Leviathan et al. / Chen et al.).
 
-    p: (len(draft) + 1, V) target probabilities; q: (len(draft), V) draft
+    p: (len(draft) + 1, V) target probabilities (or rows computed on demand: row i is
+    read only after draft[:i] was accepted, e.g. constrain.GrammarRows); q: (len(draft), V) draft
     probabilities, or None when the draft was deterministic (n-gram, greedy model
     draft), i.e. q is one-hot on the drafted token. Token x is kept with probability
     min(1, p(x) / q(x)); on rejection we sample from normalize(max(0, p - q)); when all
     are kept, a bonus token comes from p's last row. The output then follows p exactly.
     """
     for i, x in enumerate(draft):
-        px = p[i, x]
+        px = p[i][x]
         qx = 1.0 if q is None else q[i, x]
         if qx > 0.0 and rng.random() < min(1.0, px / qx):
             continue

@@ -33,6 +33,8 @@ from starlette.types import Receive, Scope, Send
 from localspec.acceptance import logdb
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig
+from localspec.core.errors import GrammarError
+from localspec.core.grammar import check_grammar
 from localspec.serve import admission, protocol
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
@@ -184,12 +186,14 @@ class _Api:
             # tokenizing a long prompt takes a while: keep the event loop free meanwhile
             prompt, prompt_text, plan = await asyncio.to_thread(self._prompt, req)
             n = admission.max_tokens(req.max_tokens, len(prompt), self.target.n_ctx_seq, kind, self.settings)
+            if req.grammar:
+                await asyncio.to_thread(self._check_grammar, req.grammar)
             queue: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
             extra = (await asyncio.to_thread(self.target.tokenize, req.prediction, False, False)
                      if req.prediction else [])
             gen = GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos,
-                                   logprobs=req.logprobs)
+                                   logprobs=req.logprobs, grammar=req.grammar)
             job = Job(prompt, self._sampling(req), gen,
                       sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), extra=extra)
             try:
@@ -241,6 +245,13 @@ class _Api:
                 f"prompt is {len(tokens)} tokens. Please shorten it.",
                 "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
         return tokens, text, plan
+
+    def _check_grammar(self, gbnf: str) -> None:
+        """llama.cpp parses the grammar here, so a bad one is a 400, not a failed job."""
+        try:
+            check_grammar(self.target, gbnf)
+        except GrammarError as exc:
+            raise protocol.grammar_error(exc) from None
 
     def _sampling(self, req: GenRequest) -> SamplingConfig:
         d = self.settings.sampling

@@ -21,6 +21,8 @@ from pydantic_core import ErrorDetails, from_json
 
 from localspec.core.engine import GenerationStats
 from localspec.core.toolcalls import ToolChoice, ToolChoiceError, resolve_tool_choice
+from localspec.core.errors import GrammarError
+from localspec.core.grammar import JSON_GBNF, json_schema_grammar
 from localspec.serve import schema
 
 BodyT = TypeVar("BodyT", bound=schema.CommonBody)
@@ -76,6 +78,7 @@ class GenRequest:
     tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))  # resolved against the tools
     parallel_tool_calls: bool = True
     logprobs: int | None = None  # per-token logprobs with this many alternatives; None: off
+    grammar: str | None = None  # chat: response_format as GBNF the reply must follow
 
 
 # ----- validation: pydantic models (schema.py) -> GenRequest, or a 400 ----------------
@@ -116,7 +119,8 @@ def parse_chat(body: dict) -> GenRequest:
     return _common("chat", b, messages=[_message(m) for m in b.messages], prediction=prediction,
                    max_tokens=b.max_completion_tokens or b.max_tokens, tools=tools, tool_choice=choice,
                    parallel_tool_calls=b.parallel_tool_calls is not False,
-                   logprobs=(b.top_logprobs or 0) if b.logprobs else None)
+                   logprobs=(b.top_logprobs or 0) if b.logprobs else None,
+                   grammar=_grammar(b.response_format))
 
 
 def _message(m: schema.Message) -> dict:
@@ -127,6 +131,26 @@ def _message(m: schema.Message) -> dict:
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
     return out
+
+
+def _grammar(fmt: schema.ResponseFormat | None) -> str | None:
+    """response_format as GBNF: None for text, any JSON object for json_object (and a
+    json_schema without a schema), else the schema's grammar; a schema we cannot use is
+    a 400 naming response_format."""
+    if fmt is None or fmt.type == "text":
+        return None
+    spec = fmt.json_schema
+    if spec is None or spec.schema_ is None:
+        return JSON_GBNF
+    try:
+        return json_schema_grammar(spec.schema_)
+    except GrammarError as exc:
+        raise grammar_error(exc, spec.name) from None
+
+
+def grammar_error(exc: GrammarError, name: str | None = None) -> ApiError:
+    what = f"response_format '{name}'" if name else "response_format"
+    return bad_request(f"Invalid schema for {what}: {exc}", "response_format", "invalid_value")
 
 
 def _common(kind: str, b: schema.CommonBody, **extra: Any) -> GenRequest:

@@ -22,7 +22,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -158,16 +157,26 @@ class StreamOptions(_Body):
     include_usage: bool | None = None
 
 
-class ResponseFormat(_Body):
-    type: str = "text"
-    json_schema: dict | None = None
+class JsonSchemaFormat(_Body):
+    """response_format.json_schema: the JSON Schema the reply must validate against
+    (always enforced by a grammar, whatever `strict` says)."""
 
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, v: str) -> str:
-        if v != "text":
-            raise PydanticCustomError(UNSUPPORTED, "{kind} is not supported (text only)", {"kind": repr(v)})
-        return v
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # None: any JSON object
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise PydanticCustomError(INVALID, "json_schema is required with type 'json_schema', "
+                                               "and only with it")
+        return self
 
 
 class Prediction(_Body):

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.core.drafters.base import Draft, Drafter, DrafterBase
+from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
 from localspec.models.profile import Profile
 
 DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
@@ -195,6 +195,11 @@ class AutoDrafter(DrafterBase):
         self.ngram.begin(prompt)
         if self.model is not None:
             self.model.begin(prompt)
+
+    def constrain(self, grammar: object | None) -> None:
+        constrain(self.ngram, grammar)
+        if self.model is not None:
+            constrain(self.model, grammar)
 
     def draft(self, context: Sequence[int], k: int) -> Draft:
         self.rounds += 1

@@ -39,11 +39,25 @@ class Drafter(Protocol):
     def report(self) -> dict:
         """Drafter-specific statistics for the end of a generation."""
 
+    # optional: constrain(grammar) -> None. The generation's output grammar (None: free
+    # text), given at its start; at every draft() call it is in its state after `context`.
+    # A drafter that drafts within it (ModelDrafter) clones it and never advances it.
+
+
+def constrain(drafter: Drafter, grammar: object | None) -> None:
+    """Hand `drafter` the output grammar, if it takes one (optional in the protocol)."""
+    hook = getattr(drafter, "constrain", None)
+    if hook is not None:
+        hook(grammar)
+
 
 class DrafterBase:
-    """No-op feedback hooks for drafters that do not learn."""
+    """No-op feedback hooks for drafters that do not learn, and no grammar."""
 
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
+        pass
+
+    def constrain(self, grammar: object | None) -> None:
         pass
 
     def report(self) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localspec.core.drafters.base import Draft, Drafter, DrafterBase
+from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
 
 
 class HybridDrafter(DrafterBase):
@@ -17,6 +17,10 @@ class HybridDrafter(DrafterBase):
     def begin(self, prompt: Sequence[int]) -> None:
         self.ngram.begin(prompt)
         self.model.begin(prompt)
+
+    def constrain(self, grammar: object | None) -> None:
+        constrain(self.ngram, grammar)
+        constrain(self.model, grammar)
 
     def draft(self, context: Sequence[int], k: int) -> Draft:
         found = self.ngram.draft(context, k)

@@ -7,6 +7,11 @@ The same code drafts for one generation (run, edit, chat: sequence 0, at once) a
 every active slot of the server (one sequence per slot): there each ModelDrafter leaves
 its request in a shared DraftBatch and the scheduler runs them all together, so k draft
 tokens for N slots cost k batched decodes of N rows, not N * k one-row decodes.
+
+Under an output grammar it drafts within it (a clone of the generation's grammar per
+draft, advanced over its own tokens): the target would reject anything else, and q is
+then the constrained distribution the tokens were really drawn from, as the lossless
+rule needs.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import numpy as np
 
 from localspec.core.backend import Model
 from localspec.core.config import SamplingConfig
+from localspec.core.constrain import GrammarLike, constrained_argmax, constrained_probs
 from localspec.core.drafters.base import Draft, DrafterBase
+from localspec.core.errors import GrammarError
 from localspec.core.sampling import probs_from_logits, sample
 
 log = logging.getLogger("localspec.drafters")
@@ -55,28 +62,35 @@ class ModelDrafter(DrafterBase):
         self.batch = batch
         seed = None if sampling.seed is None else sampling.seed + 1
         self.rng = np.random.default_rng(seed)
+        self.grammar = None  # the generation's output grammar (constrain())
 
     def begin(self, prompt: Sequence[int]) -> None:
         pass  # synced lazily by prefix reuse when it drafts
 
+    def constrain(self, grammar: GrammarLike | None) -> None:
+        self.grammar = grammar
+
     def draft(self, context: Sequence[int], k: int) -> Draft:
         if k <= 0 or len(context) + k > self.model.n_ctx_seq:
             return Draft(source=self.name)
-        req = _Request(self, list(context), k)
+        grammar = self.grammar.clone() if self.grammar is not None else None
+        req = _Request(self, list(context), k, grammar)
         if self.batch is None:
             draft_together(self.model, [req])
         else:
             self.batch.pending.append(req)
         return req.draft
 
-    def choose(self, logits: np.ndarray, rows: list[np.ndarray]) -> int | None:
-        """The next draft token from one row of logits (None: too unsure to go on);
-        sampled drafts keep their distribution q in `rows`."""
+    def choose(self, logits: np.ndarray, rows: list[np.ndarray], grammar: GrammarLike | None) -> int | None:
+        """The next draft token from one row of logits, within `grammar` if any (None:
+        too unsure to go on); sampled drafts keep the distribution q they were drawn
+        from in `rows`."""
         if self.p_min > 0.0 and _top_prob(logits) < self.p_min:
             return None  # the draft is unsure: verifying further tokens would be waste
         if self.sampling.greedy:
-            return int(np.argmax(logits))
-        q = probs_from_logits(logits, self.sampling)
+            return int(np.argmax(logits)) if grammar is None else constrained_argmax(logits, grammar)
+        q = (probs_from_logits(logits, self.sampling) if grammar is None
+             else constrained_probs(logits, grammar, self.sampling))
         rows.append(q)
         return sample(q, self.rng)
 
@@ -86,6 +100,7 @@ class _Request:
     drafter: ModelDrafter
     context: list[int]
     k: int
+    grammar: GrammarLike | None = None  # a clone of the output grammar, advanced over the draft
     draft: Draft = field(default_factory=lambda: Draft(source="model"))
     rows: list[np.ndarray] = field(default_factory=list)  # q per token, when sampled
 
@@ -95,14 +110,24 @@ class _Request:
 
     def take(self, logits: np.ndarray) -> int | None:
         """Add the next token from `logits`; returns it while more are wanted."""
-        tok = self.drafter.choose(logits, self.rows)
-        if tok is None:
-            return None
-        self.draft.tokens.append(tok)
-        return tok if len(self.draft.tokens) < self.k else None
+        try:
+            tok = self.drafter.choose(logits, self.rows, self.grammar)
+            if tok is None:
+                return None
+            self.draft.tokens.append(tok)
+            if len(self.draft.tokens) >= self.k:
+                return None
+            if self.grammar is not None:
+                self.grammar.accept(tok)
+        except GrammarError:
+            return None  # a dead end for the grammar: the draft so far stands
+        return tok
 
     def close(self) -> None:
         self.draft.probs = np.stack(self.rows) if self.rows else None
+        if self.grammar is not None:
+            self.grammar.close()
+            self.grammar = None
 
 
 def draft_together(model: Model, reqs: Sequence[_Request]) -> tuple[int, int]:
