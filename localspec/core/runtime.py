@@ -15,7 +15,7 @@ from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDraf
 from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.model import ModelDrafter
 from localspec.core.errors import UsageError
-from localspec.models.profile import load_profile
+from localspec.models.profile import load_profile, store_online
 
 
 @dataclass
@@ -67,7 +67,8 @@ def make_drafter(
     target: Model | None = None,
 ) -> Drafter:
     """The drafter for `spec.mode`; `extra` is a second n-gram source (a file's tokens).
-    `auto` uses the calibration profile of `target` (and the draft) when one exists."""
+    `auto` uses the calibration profile of `target` (and the draft) when one exists,
+    and stores the verify costs each generation measured into it."""
     if spec.mode == "none":
         return NoDrafter()
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra)
@@ -75,8 +76,11 @@ def make_drafter(
         return ngram
     model = ModelDrafter(draft_model, sampling, spec.draft_p_min) if draft_model else None
     if spec.mode == "auto":
-        profile = load_profile(target, draft_model) if target is not None else None
-        return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max))
+        if target is None:
+            return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max))
+        return AutoDrafter(ngram, model, load_profile(target, draft_model, online=True),
+                           k_max=max(1, spec.draft_max),
+                           store=lambda measured, t1: store_online(target, draft_model, measured, t1))
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")
     return model if spec.mode == "model" else HybridDrafter(ngram, model)

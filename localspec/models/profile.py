@@ -12,7 +12,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,9 @@ class Profile:
     prefill_tok_s: float
     draft_t_token_s: float | None = None
     created: float = field(default_factory=time.time)
+    # V(n) that `--spec auto` measured during real generations: {"n": [V, verify rounds]};
+    # a profile no `tune` has measured has only these (vcurve is then [])
+    online: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def c(self) -> float | None:
@@ -44,6 +47,10 @@ class Profile:
 
     def v(self, n: int) -> float:
         return self.vcurve[min(max(n, 1), len(self.vcurve)) - 1]
+
+    def online_v(self, min_rounds: int = 1) -> dict[int, float]:
+        """{n: V(n)} measured on-line at sizes seen in at least `min_rounds` verifies."""
+        return {int(n): float(v) for n, (v, w) in self.online.items() if w >= min_rounds}
 
 
 def _model_id(model: Model) -> str:
@@ -62,24 +69,72 @@ def _profile_path(key: str) -> Path:
     return paths.state_dir() / "profiles" / f"{key}.json"
 
 
-def load_profile(target: Model, draft: Model | None = None) -> Profile | None:
+def _read(key: str) -> Profile | None:
+    try:
+        return Profile(**json.loads(_profile_path(key).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # missing, or corrupt: never trusted
+
+
+def load_profile(target: Model, draft: Model | None = None, online: bool = False) -> Profile | None:
     """The stored profile for this exact setup; falls back to one measured without the
-    draft (V(n) is a property of the target alone)."""
+    draft (V(n) is a property of the target alone). Profiles that hold only on-line
+    measurements (no `tune` yet) are returned only when `online` is asked for."""
     for key in (profile_key(target, draft), profile_key(target)):
-        try:
-            data = json.loads(_profile_path(key).read_text())
-            return Profile(**data)
-        except (OSError, ValueError, TypeError):
-            continue
+        profile = _read(key)
+        if profile is not None and (profile.vcurve or online):
+            return profile
     return None
 
 
 def save_profile(profile: Profile) -> Path:
+    """Store atomically. On-line measurements already stored under the key are kept
+    when `profile` brings none (a new `tune` does not erase what runs measured)."""
+    old = _read(profile.key)
+    if old is not None and old.online and not profile.online:
+        profile = replace(profile, online=old.online)
     path = paths.ensure(paths.state_dir() / "profiles") / f"{profile.key}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(profile), indent=2))
     tmp.replace(path)
     return path
+
+
+ONLINE_WEIGHT_MAX = 30  # verify rounds an on-line point counts for at most: newer runs move it
+
+
+def merge_online(online: dict[str, list[float]], measured: dict[int, tuple[float, int]]) -> dict[str, list[float]]:
+    """Stored on-line V(n) points updated with one run's {n: (V, rounds)}: a weighted
+    mean, old weight capped so the machine's present state wins within a few runs."""
+    out = {n: list(p) for n, p in online.items()}
+    for n, (v, rounds) in measured.items():
+        old_v, old_w = out.get(str(n), (v, 0))
+        w_old = min(old_w, ONLINE_WEIGHT_MAX)
+        w = w_old + rounds
+        out[str(n)] = [(old_v * w_old + v * rounds) / w, min(w, ONLINE_WEIGHT_MAX)]
+    return out
+
+
+def store_online(target: Model, draft: Model | None, measured: dict[int, tuple[float, int]],
+                 t_token_s: float) -> None:
+    """Merge what a generation measured into this setup's stored profiles (the pair's
+    and the target's; a target-only one is created when neither exists yet). Never
+    raises on a full or read-only disk: a run must not fail over bookkeeping."""
+    if not measured:
+        return
+    keys = [profile_key(target, draft)] if draft is not None else []
+    keys.append(profile_key(target))
+    stored = [p for k in dict.fromkeys(keys) if (p := _read(k)) is not None]
+    if not stored:
+        device = "gpu" if supports_gpu_offload() and target.info.n_gpu_layers else "cpu"
+        stored = [Profile(key=profile_key(target), target=target.name, draft=None, device=device,
+                          n_threads=target.info.n_threads, n_gpu_layers=target.info.n_gpu_layers,
+                          t_token_s=t_token_s, vcurve=[], prefill_tok_s=0.0)]
+    for p in stored:
+        try:
+            save_profile(replace(p, online=merge_online(p.online, measured)))
+        except OSError:
+            pass
 
 
 def _time_decode(model: Model, base: list[int], n: int, reps: int) -> float:

@@ -18,6 +18,7 @@ class Draft:
     probs: np.ndarray | None = None
     source: str = "none"  # which drafter produced it (hybrid reports ngram or model)
     match_len: int = 0  # n-gram drafts: length of the matched suffix
+    run_len: int = 0  # n-gram drafts: tokens before the draft that agree with its source
 
 
 class Drafter(Protocol):
