@@ -43,8 +43,9 @@ MARGIN = 0.05  # expected gain over plain decoding below which auto does not dra
 MIN_EXTRA = 0.1  # ... nor below this many expected extra tokens a round: on a flat (GPU)
 # curve a 1-in-20 guess "pays" 5% by estimate, within the noise of both estimates
 OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
-BUDGET = 0.015  # share of plain decoding's time auto may lose trying unmeasured sizes
+BUDGET = 0.015  # share of plain decoding's time auto may lose to it trying unmeasured sizes
 BUDGET_FREE = 1.0  # ... plus this many one-token times
+TRY_BUDGET = 0.04  # share it may lose against the best measured choice doing so
 MODEL_K_MAX = 32  # the draft model stops where it is unsure long before this
 
 
@@ -143,7 +144,7 @@ class AutoDrafter(DrafterBase):
                 plan, best_rate = ("model", kk, exp), rate
         self._last = plan
         source, kk, _ = plan
-        self._trying = bool(kk) and not self.cost.known(kk + 1)
+        self._trying = bool(kk) and not self.cost.settled(kk + 1)
         if source == "ngram":
             return Draft(tokens=found.tokens[:kk], source="ngram", match_len=found.match_len,
                          run_len=found.run_len)
@@ -166,7 +167,7 @@ class AutoDrafter(DrafterBase):
         known, unknown = [plain], []
         for n in [m for m in self.sizes if 2 <= m < n_top] + [n_top]:
             e = float(expected[n - 2])
-            if self.cost.known(n):
+            if self.cost.settled(n):
                 known.append((n - 1, e, e / (self.cost.v(n) + (n - 1) * c)))
             else:
                 unknown.append((n - 1, e, e / (self.cost.hope(n) + (n - 1) * c)))
@@ -188,9 +189,8 @@ class AutoDrafter(DrafterBase):
         if not self.cost.learn:
             return True
         worst = self.cost.upper(n) + (n - 1) * c
-        allowance = BUDGET * self.produced + BUDGET_FREE
-        return (self.lost + worst - expected <= allowance
-                and self.tried + worst - expected / best_rate <= allowance)
+        return (self.lost + worst - expected <= BUDGET * self.produced + BUDGET_FREE
+                and self.tried + worst - expected / best_rate <= TRY_BUDGET * self.produced + BUDGET_FREE)
 
     def _model_could_pay(self, k: int) -> bool:
         """Whether the draft model would pay even at an optimistic acceptance. Where it

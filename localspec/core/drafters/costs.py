@@ -63,16 +63,21 @@ def extend(sizes: list[int], values: list[float], n_max: int) -> np.ndarray:
     return curve
 
 
-def _base_curve(profile: Profile | None, n_max: int) -> tuple[list[float], list[bool]]:
-    """(V(1..n_max), whether each is measured) from the profile and its stored on-line
+def _base_curve(profile: Profile | None, n_max: int) -> tuple[list[float], list[int]]:
+    """(V(1..n_max), how well each is measured: 0 not, 1 by a round or two of an
+    earlier run, 2 by tune or STEADY rounds) from the profile and its stored on-line
     points (extended as `extend` does)."""
-    points = {1: 1.0}
+    points, level = {1: 1.0}, {1: 2}
     if profile is not None:
         points.update({n: float(v) for n, v in enumerate(profile.vcurve, start=1)})
-        points.update({n: v for n, v in profile.online_v().items() if n <= n_max})
+        level.update({n: 2 for n in points})
+        for n, v in profile.online_v().items():
+            if n <= n_max:
+                points[n] = v
+                level[n] = 2 if n in profile.online_v(STEADY) else max(level.get(n, 0), 1)
     sizes = sorted(points)
     curve = extend(sizes, [points[m] for m in sizes], n_max)
-    return [float(x) for x in curve], [n in points for n in range(1, n_max + 1)]
+    return [float(x) for x in curve], [level.get(n, 0) for n in range(1, n_max + 1)]
 
 
 class CostModel:
@@ -110,8 +115,15 @@ class CostModel:
         return self.seconds(1, STEADY)
 
     def known(self, n: int) -> bool:
+        """Measured at all: by tune, by an earlier run, or in this one."""
         n = min(max(n, 1), self.n_max)
-        return self.prior_known[n - 1] or (self.learn and len(self.times.get(n, ())) >= MIN_SEEN)
+        return self.prior_known[n - 1] > 0 or (self.learn and len(self.times.get(n, ())) >= MIN_SEEN)
+
+    def settled(self, n: int) -> bool:
+        """Measured well enough to act on without a second look: by tune, by an earlier
+        run, or STEADY times in this one (one round time can be 30% off on a busy machine)."""
+        n = min(max(n, 1), self.n_max)
+        return self.prior_known[n - 1] == 2 or not self.learn or len(self.times.get(n, ())) >= STEADY
 
     def _known_below(self, n: int) -> int:
         """The largest known size below n (1 always is)."""
@@ -149,18 +161,22 @@ class CostModel:
         scaled = prior * np.interp(sizes, at, [now[m] / prior[m - 1] for m in at])
         anchors = sorted(set(now) | {m for m in sizes if self.prior_known[m - 1]})
         curve = extend(anchors, [now.get(m, scaled[m - 1]) for m in anchors], self.n_max)
-        known = np.asarray(self.prior_known)
+        known = np.asarray(self.prior_known) > 0
         curve[known] = scaled[known]
         curve[np.array(sorted(now)) - 1] = [now[m] for m in sorted(now)]
         return np.maximum(curve, 1.0)
 
     def hope(self, n: int) -> float:
-        """An optimistic V(n), to choose which unmeasured size to try: the estimate, or
-        less where the nearest measured size below would give V(m) * sqrt(n / m) (a
-        concave CPU curve's linear extension is too dear to ever be tried)."""
+        """An optimistic V(n), to choose which size to try: for one timed once or twice,
+        its estimate less the noise of a round time (an unlucky round must not rule a
+        good size out for good); for one never timed, the estimate, or less where the
+        nearest measured size below would give V(m) * sqrt(n / m) (a concave CPU
+        curve's linear extension is too dear to ever be tried)."""
         n = min(max(n, 1), self.n_max)
-        if self.known(n):
+        if self.settled(n):
             return self.v(n)
+        if self.known(n):
+            return max(self.v(n) / JAG, 1.0)
         m = self._known_below(n)
         return max(min(self.v(n), self.v(m) * math.sqrt(n / m)), 1.0)
 
@@ -168,8 +184,10 @@ class CostModel:
         """A worst case for V(n): V(n) where known; else no better per token than the
         largest known size below n (allowing a jag of JAG), and at most n decodes."""
         n = min(max(n, 1), self.n_max)
-        if self.known(n):
+        if self.settled(n):
             return self.v(n)
+        if self.known(n):
+            return JAG * self.v(n)
         m = self._known_below(n)
         return max(min(float(n), JAG * self.v(m) * n / m), self.v(n))
 
