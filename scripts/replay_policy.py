@@ -45,7 +45,8 @@ from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import AdaptiveK
 from localspec.models.profile import Profile, merge_online
 
-FIXED_K = (4, 8, 16, 32, 64, 128, 256)  # the fixed choices auto is judged against
+# the fixed k auto is judged against, adaptive and fixed (15 fixed: edit's old default)
+FIXED_K = (4, 8, 15, 16, 32, 64, 128, 256)
 
 
 def record(path: str, target: str, draft: str, prompts: str | None = None,
@@ -262,7 +263,7 @@ def main() -> int:
     profile = load(args) if args.curve == "profile" or args.c is None else None
     c = args.c if args.c is not None else (profile.c or 0.5)
     v = true_curve(args.curve, max([*args.k_max, *FIXED_K]) + 2, profile)
-    print(f"V(n): " + ", ".join(f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 16, 32, 64, 128, 256)
+    print("V(n): " + ", ".join(f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 16, 32, 64, 128, 256)
                                 if n <= len(v)) + f"; c = {c:.2f}")
     rows = []
     for path in args.traces:

@@ -126,9 +126,6 @@ class AutoDrafter(DrafterBase):
         if found.tokens:
             age = self.runs.offer(len(context), found.tokens, max(found.run_len, found.match_len))
         plan = ("none", 0, 1.0)
-        if self.cost.learn and self.cost.t1() is None:
-            self._last = plan  # no one-token time yet: nothing to judge a draft against
-            return Draft(source="none")
         # drafting must beat plain decoding by a margin: where the gain is within the
         # noise of the cost and acceptance estimates, plain decoding is the safe bet
         best_rate = (1.0 + MARGIN) / self.cost.v(1)
@@ -188,6 +185,8 @@ class AutoDrafter(DrafterBase):
         against the best measured choice (each round measured, once tried)."""
         if not self.cost.learn:
             return True
+        if self.cost.t1() is None:
+            return False  # no one-token time yet to judge a trial by: measured sizes only
         worst = self.cost.upper(n) + (n - 1) * c
         return (self.lost + worst - expected <= BUDGET * self.produced + BUDGET_FREE
                 and self.tried + worst - expected / best_rate <= TRY_BUDGET * self.produced + BUDGET_FREE)

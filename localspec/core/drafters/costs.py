@@ -17,7 +17,6 @@ decides which size to try next, and trying is paid from a budget (see auto.py).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import deque
 
@@ -81,23 +80,31 @@ def _base_curve(profile: Profile | None, n_max: int) -> tuple[list[float], list[
 
 
 class CostModel:
-    """V(n) for n = 1..n_max + 1: measured, stored, tuned or guessed (module docstring)."""
+    """V(n) for n = 1..n_max + 1: measured, stored, tuned or guessed (module docstring).
+    Every table is rebuilt once per observed round, not per query: auto asks ~40
+    sizes a round."""
 
     def __init__(self, profile: Profile | None, n_max: int, learn: bool = True) -> None:
         self.learn = learn  # False: the profile/prior only (reproducible decisions)
         self.n_max = n_max + 1
-        self.prior, self.prior_known = _base_curve(profile, self.n_max)
+        self.prior, level = _base_curve(profile, self.n_max)
+        self.prior_level = np.array([0, *level])  # by n (index 0 unused)
         self.times: dict[int, deque[float]] = {}
-        self._curve: np.ndarray | None = None  # v() for every size; None: stale
-        self._below: list[int] | None = None  # largest known size <= n, by n; None: stale
+        self._median: dict[int, float] = {}
+        self._tables: tuple[np.ndarray, ...] | None = None  # (v, hope, upper, known, settled)
         self.c_model = profile.c if profile and profile.c else None
         self.t_token_s = profile.t_token_s if profile else None
         self.draft_token_s: float | None = None
 
     def observe_verify(self, n: int, seconds: float) -> None:
         if 1 <= n <= self.n_max:
-            self.times.setdefault(n, deque(maxlen=WINDOW)).append(seconds)
-            self._curve = self._below = None
+            t = self.times.setdefault(n, deque(maxlen=WINDOW))
+            t.append(seconds)
+            old, new = self._median.get(n), statistics.median(t)
+            self._median[n] = new
+            # rebuild when a size is first timed, settles, or its median moves by 1%
+            if old is None or len(t) == STEADY or abs(new - old) > 0.01 * old:
+                self._tables = None
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens:
@@ -107,34 +114,16 @@ class CostModel:
 
     def seconds(self, n: int, min_seen: int = MIN_SEEN) -> float | None:
         """Median measured verify time for n tokens, once there are min_seen rounds."""
-        t = self.times.get(n, ())
-        return statistics.median(t) if len(t) >= max(min_seen, 1) else None
+        return self._median[n] if len(self.times.get(n, ())) >= max(min_seen, 1) else None
 
     def t1(self) -> float | None:
         """Seconds per one-token decode in this run (None until measured)."""
         return self.seconds(1, STEADY)
 
-    def known(self, n: int) -> bool:
-        """Measured at all: by tune, by an earlier run, or in this one."""
-        n = min(max(n, 1), self.n_max)
-        return self.prior_known[n - 1] > 0 or (self.learn and len(self.times.get(n, ())) >= MIN_SEEN)
-
-    def settled(self, n: int) -> bool:
-        """Measured well enough to act on without a second look: by tune, by an earlier
-        run, or STEADY times in this one (one round time can be 30% off on a busy machine)."""
-        n = min(max(n, 1), self.n_max)
-        return self.prior_known[n - 1] == 2 or not self.learn or len(self.times.get(n, ())) >= STEADY
-
-    def _known_below(self, n: int) -> int:
-        """The largest known size below n (1 always is)."""
-        if self._below is None:
-            below, last = [1] * (self.n_max + 1), 1
-            for m in range(1, self.n_max + 1):
-                below[m] = last
-                if self.known(m):
-                    last = m
-            self._below = below
-        return self._below[n]
+    def _table(self, i: int, n: int) -> float:
+        if self._tables is None:
+            self._tables = self._build()
+        return self._tables[i][min(max(n, 1), self.n_max)]
 
     def v(self, n: int) -> float:
         """V(n): this run's median where it has verified n tokens (one round is enough
@@ -142,29 +131,7 @@ class CostModel:
         of this run's times to it, interpolated from the nearest sizes measured now (the
         profile knows where kernels switch: a straight line from V(2) to V(16) would hide
         that V(5) costs half of V(10) on a 2-core CPU); elsewhere as `extend` does."""
-        n = min(max(n, 1), self.n_max)
-        if not self.learn or not self.t1():
-            return self.prior[n - 1]
-        if self._curve is None:  # once per observation, not per v() call
-            self._curve = self._estimate()
-        return float(self._curve[n - 1])
-
-    def _estimate(self) -> np.ndarray:
-        t1 = self.t1()
-        now = {m: s / t1 for m in sorted(self.times) if (s := self.seconds(m, 1)) is not None}
-        now[1] = 1.0
-        sizes = np.arange(1, self.n_max + 1)
-        prior = np.asarray(self.prior)
-        # ratios to the prior only from sizes timed a few times: one stalled round must
-        # not rescale every other size
-        at = np.array([m for m in sorted(now) if m == 1 or len(self.times[m]) >= STEADY])
-        scaled = prior * np.interp(sizes, at, [now[m] / prior[m - 1] for m in at])
-        anchors = sorted(set(now) | {m for m in sizes if self.prior_known[m - 1]})
-        curve = extend(anchors, [now.get(m, scaled[m - 1]) for m in anchors], self.n_max)
-        known = np.asarray(self.prior_known) > 0
-        curve[known] = scaled[known]
-        curve[np.array(sorted(now)) - 1] = [now[m] for m in sorted(now)]
-        return np.maximum(curve, 1.0)
+        return float(self._table(0, n))
 
     def hope(self, n: int) -> float:
         """An optimistic V(n), to choose which size to try: for one timed once or twice,
@@ -172,24 +139,59 @@ class CostModel:
         good size out for good); for one never timed, the estimate, or less where the
         nearest measured size below would give V(m) * sqrt(n / m) (a concave CPU
         curve's linear extension is too dear to ever be tried)."""
-        n = min(max(n, 1), self.n_max)
-        if self.settled(n):
-            return self.v(n)
-        if self.known(n):
-            return max(self.v(n) / JAG, 1.0)
-        m = self._known_below(n)
-        return max(min(self.v(n), self.v(m) * math.sqrt(n / m)), 1.0)
+        return float(self._table(1, n))
 
     def upper(self, n: int) -> float:
-        """A worst case for V(n): V(n) where known; else no better per token than the
-        largest known size below n (allowing a jag of JAG), and at most n decodes."""
-        n = min(max(n, 1), self.n_max)
-        if self.settled(n):
-            return self.v(n)
-        if self.known(n):
-            return JAG * self.v(n)
-        m = self._known_below(n)
-        return max(min(float(n), JAG * self.v(m) * n / m), self.v(n))
+        """A worst case for V(n): V(n) where settled, JAG x V(n) where timed once or
+        twice; else no better per token than the largest measured size below n (less a
+        jag of JAG), and at most n decodes."""
+        return float(self._table(2, n))
+
+    def known(self, n: int) -> bool:
+        """Measured at all: by tune, by an earlier run, or in this one."""
+        return bool(self._table(3, n))
+
+    def settled(self, n: int) -> bool:
+        """Measured well enough to act on without a second look: by tune, STEADY rounds
+        of earlier runs or of this one (one round time can be 30% off on a busy machine)."""
+        return bool(self._table(4, n))
+
+    def _build(self) -> tuple[np.ndarray, ...]:
+        rounds = np.zeros(self.n_max + 1, dtype=int)
+        if self.learn:
+            for m, t in self.times.items():
+                rounds[m] = len(t)
+        known = (self.prior_level > 0) | (rounds >= MIN_SEEN)
+        settled = (self.prior_level == 2) | (rounds >= STEADY) | (not self.learn)
+        known[1] = settled[1] = True
+        v = np.array([0.0, *(self._estimate() if self.learn and self.t1() else self.prior)])
+        below = np.maximum.accumulate(np.where(known, np.arange(self.n_max + 1), 1))
+        below = np.concatenate(([1], below[:-1]))  # the largest known size < n
+        n = np.arange(self.n_max + 1, dtype=float)
+        n[0] = 1.0
+        vb = v[below]
+        hope = np.where(settled, v, np.where(known, np.maximum(v / JAG, 1.0),
+                                             np.maximum(np.minimum(v, vb * np.sqrt(n / below)), 1.0)))
+        upper = np.where(settled, v, np.where(known, JAG * v,
+                                              np.maximum(np.minimum(n, JAG * vb * n / below), v)))
+        return v, hope, upper, known, settled
+
+    def _estimate(self) -> np.ndarray:
+        t1 = self.t1()
+        now = {m: s / t1 for m, s in sorted(self._median.items())}
+        now[1] = 1.0
+        sizes = np.arange(1, self.n_max + 1)
+        prior = np.asarray(self.prior)
+        # ratios to the prior only from sizes timed a few times: one stalled round must
+        # not rescale every other size
+        at = np.array([m for m in sorted(now) if m == 1 or len(self.times[m]) >= STEADY])
+        scaled = prior * np.interp(sizes, at, [now[m] / prior[m - 1] for m in at])
+        prior_known = self.prior_level[1:] > 0
+        anchors = sorted(set(now) | set(sizes[prior_known].tolist()))
+        curve = extend(anchors, [now.get(m, scaled[m - 1]) for m in anchors], self.n_max)
+        curve[prior_known] = scaled[prior_known]
+        curve[np.array(sorted(now)) - 1] = [now[m] for m in sorted(now)]
+        return np.maximum(curve, 1.0)
 
     def c(self) -> float:
         t1 = (self.t1() if self.learn else None) or self.t_token_s
@@ -205,7 +207,7 @@ class CostModel:
         if not t1:
             return {}
         return {n: (s / t1, len(self.times[n])) for n in sorted(self.times)
-                if n > 1 and (s := self.seconds(n, 1)) is not None}
+                if n > 1 and (s := self.seconds(n)) is not None}
 
 
 def best_k(rates, cost: CostModel, c: float) -> tuple[int, float, float]:
