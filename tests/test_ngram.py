@@ -229,3 +229,14 @@ def test_no_drafter_never_drafts():
     d = NoDrafter()
     d.begin([1, 1, 1])
     assert d.draft([1, 1, 1], 8).tokens == []
+
+
+def test_run_len_measures_how_long_the_copy_has_held():
+    # the suffix [5, 6, 7] matches at most 4 tokens (ngram_max), but the context has
+    # agreed with the source for 6 tokens: [3, 4, 5, 6, 7] after a different token
+    source = [9, 1, 3, 4, 5, 6, 7, 8, 9, 10]
+    ctx = [2, 2, 1, 3, 4, 5, 6, 7]
+    out = fresh(ctx, extra=source, ngram_min=2).draft(ctx, 3)
+    assert out.tokens == [8, 9, 10] and out.match_len == 4 and out.run_len == 6
+    # a match that starts the source: nothing before it to agree with
+    assert fresh([5, 1, 2], extra=[1, 2, 3]).draft([5, 1, 2], 1).run_len == 2

@@ -43,11 +43,12 @@ from localspec.edit import (
 )
 
 # Defaults of the shared spec flags for edits, where drafts are long copies of the file
-# (chosen with scripts/bench_edit.py; a flag or an environment variable always wins):
-# draft only on a match of 3+ tokens (a miss costs a 16-row verify, ~3 plain decodes on
-# a CPU), then always the full 15 (verify cost is flat from 8 to 16 rows on a CPU).
-EDIT_SPEC_DEFAULTS = {"spec": "ngram", "draft_max": 15, "ngram_min": 3, "ngram_max": 12,
-                      "fixed_k": True}
+# (chosen with scripts/replay_policy.py; a flag or an environment variable always wins):
+# auto, which drafts a copied run whole once it has held long enough to pay on this
+# machine's verify costs (up to 256 tokens: verify throughput still rises at 128 on a
+# CPU), and short matches only where they have been right. It takes the draft model
+# into account when one is given (--draft).
+EDIT_SPEC_DEFAULTS = {"spec": "auto", "draft_max": 256, "ngram_min": 3, "ngram_max": 12}
 
 
 @click.command()
@@ -82,9 +83,9 @@ def edit(ctx: click.Context, files: tuple[str, ...], instruction: str | None,
     """Rewrite FILE as the instruction says; show the diff; write it atomically.
 
     The model returns the whole file (or --lines range); drafting copies spans of the
-    original, so unchanged text costs little. Edit's own defaults: --spec ngram (hybrid
-    with --draft), --ngram-min 3, --ngram-max 12, --draft-max 15, --fixed-k. Nothing is
-    written unless the answer is complete.
+    original, so unchanged text costs little. Edit's own defaults: --spec auto,
+    --draft-max 256, --ngram-min 3, --ngram-max 12. Nothing is written unless the
+    answer is complete.
 
     \b
       localspec edit app.py -i "add type hints"
@@ -117,8 +118,6 @@ def resolve_options(ctx: click.Context, kw: dict) -> tuple[LoadOptions, SpecConf
             kw[name] = value
     if ctx.get_parameter_source("ngram_min") == ParameterSource.DEFAULT:
         kw["ngram_min"] = min(kw["ngram_min"], kw["ngram_max"])  # a low --ngram-max wins
-    if ctx.get_parameter_source("spec") == ParameterSource.DEFAULT and has_draft:
-        kw["spec"] = "hybrid"  # n-gram copies from the file, the model fills the gaps
     opts = load_options(kw, (ctx.obj or {}).get("verbose", False))
     return opts, spec_config(kw, has_draft=has_draft), sampling_config(kw)
 

@@ -104,9 +104,9 @@ def spec_options(f: Callable) -> Callable:
                      help="drafting: auto (picks drafter and k each round from measured costs and "
                           "acceptance), none, ngram (prompt lookup), model, hybrid (n-gram, else "
                           "the model)"),
-        click.option("--draft-max", "--spec-draft-n-max", "draft_max", type=click.IntRange(0, 64),
+        click.option("--draft-max", "--spec-draft-n-max", "draft_max", type=click.IntRange(0, 256),
                      default=None, help="most tokens drafted per round [default: 32 for auto, else 16]"),
-        click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=click.IntRange(0, 64),
+        click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=click.IntRange(0, 256),
                      default=0, show_default=True, help="drafts shorter than this are not verified"),
         click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min",
                      type=click.FloatRange(0, 1), default=0.75, show_default=True,

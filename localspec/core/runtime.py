@@ -20,7 +20,7 @@ from localspec.core.drafters.model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
 from localspec.models.drafts import draft_candidates
 from localspec.models.gguf_info import GGUFError
-from localspec.models.profile import Profile, Setup, load_profile, model_id
+from localspec.models.profile import Profile, Setup, load_profile, model_id, store_online
 
 AUTO_DRAFT_TRIES = 3  # loads at most this many header-compatible drafts before giving up
 
@@ -95,7 +95,8 @@ def setup_of(target: Model, draft: Model | None = None) -> Setup:
 
 
 def find_profile(target: Model, draft: Model | None = None) -> Profile | None:
-    """The calibration profile (`localspec tune`) of these loaded models, if stored."""
+    """The calibration profile (`localspec tune`) of these loaded models, if stored
+    (not one that holds only what `--spec auto` measured on-line)."""
     return load_profile(setup_of(target, draft))
 
 
@@ -149,9 +150,10 @@ def make_drafter(
     batch: DraftBatch | None = None,
 ) -> Drafter:
     """The drafter for `spec.mode`; `extra` is a second n-gram source (a file's tokens).
-    `auto` uses the calibration profile of `target` (and the draft) when one exists.
-    The model drafter drafts on the draft's sequence `seq`; with `batch` (the server's
-    slots) its drafts are made together with the other slots' when the batch runs."""
+    `auto` uses the calibration profile of `target` (and the draft) when one exists,
+    and stores the verify costs each generation measured into it. The model drafter
+    drafts on the draft's sequence `seq`; with `batch` (the server's slots) its drafts
+    are made together with the other slots' when the batch runs."""
     if spec.mode == "none":
         return NoDrafter()
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra)
@@ -160,8 +162,11 @@ def make_drafter(
     model = (ModelDrafter(draft_model, sampling, spec.draft_p_min, seq=seq, batch=batch)
              if draft_model else None)
     if spec.mode == "auto":
-        profile = find_profile(target, draft_model) if target is not None else None
-        return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max))
+        if target is None:
+            return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max))
+        setup = setup_of(target, draft_model)
+        return AutoDrafter(ngram, model, load_profile(setup, online=True), k_max=max(1, spec.draft_max),
+                           store=lambda measured, t1: store_online(setup, target.name, measured, t1))
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")
     return model if spec.mode == "model" else HybridDrafter(ngram, model)

@@ -37,6 +37,9 @@ class Profile:
     prefill_tok_s: float
     draft_t_token_s: float | None = None
     created: float = field(default_factory=time.time)
+    # V(n) that `--spec auto` measured during real generations: {"n": [V, verify rounds]};
+    # a profile no `tune` has measured has only these (vcurve is then [])
+    online: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def c(self) -> float | None:
@@ -45,6 +48,10 @@ class Profile:
 
     def v(self, n: int) -> float:
         return self.vcurve[min(max(n, 1), len(self.vcurve)) - 1]
+
+    def online_v(self, min_rounds: int = 1) -> dict[int, float]:
+        """{n: V(n)} measured on-line at sizes seen in at least `min_rounds` verifies."""
+        return {int(n): float(v) for n, (v, w) in self.online.items() if w >= min_rounds}
 
 
 def model_id(path: str | Path) -> str:
@@ -80,23 +87,69 @@ def _profile_path(key: str) -> Path:
     return paths.state_dir() / "profiles" / f"{key}.json"
 
 
-def load_profile(setup: Setup) -> Profile | None:
+def _read(key: str) -> Profile | None:
+    try:
+        return Profile(**json.loads(_profile_path(key).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # missing, or corrupt: never trusted
+
+
+def load_profile(setup: Setup, online: bool = False) -> Profile | None:
     """The stored profile for this exact setup; falls back to one measured without the
-    draft (V(n) is a property of the target alone)."""
+    draft (V(n) is a property of the target alone). Profiles that hold only on-line
+    measurements (no `tune` yet) are returned only when `online` is asked for."""
     for key in dict.fromkeys((setup.key, setup.alone().key)):
-        try:
-            data = json.loads(_profile_path(key).read_text())
-            return Profile(**data)
-        except (OSError, ValueError, TypeError):
-            continue
+        profile = _read(key)
+        if profile is not None and (profile.vcurve or online):
+            return profile
     return None
 
 
 def save_profile(profile: Profile) -> Path:
-    """Store `profile` under its key (atomically: a reader never sees half a file)."""
+    """Store `profile` under its key, atomically (a reader never sees half a file).
+    On-line measurements already stored under the key are kept when `profile` brings
+    none (a new `tune` does not erase what runs measured)."""
+    old = _read(profile.key)
+    if old is not None and old.online and not profile.online:
+        profile = replace(profile, online=old.online)
     path = paths.ensure(paths.state_dir() / "profiles") / f"{profile.key}.json"
     write_atomic(path, json.dumps(asdict(profile), indent=2))
     return path
+
+
+ONLINE_WEIGHT_MAX = 30  # verify rounds an on-line point counts for at most: newer runs move it
+
+
+def merge_online(online: dict[str, list[float]], measured: dict[int, tuple[float, int]]) -> dict[str, list[float]]:
+    """Stored on-line V(n) points updated with one run's {n: (V, rounds)}: a weighted
+    mean, old weight capped so the machine's present state wins within a few runs."""
+    out = {n: list(p) for n, p in online.items()}
+    for n, (v, rounds) in measured.items():
+        old_v, old_w = out.get(str(n), (v, 0))
+        w_old = min(old_w, ONLINE_WEIGHT_MAX)
+        w = w_old + rounds
+        out[str(n)] = [(old_v * w_old + v * rounds) / w, min(w, ONLINE_WEIGHT_MAX)]
+    return out
+
+
+def store_online(setup: Setup, target_name: str, measured: dict[int, tuple[float, int]],
+                 t_token_s: float) -> None:
+    """Merge what a generation measured into this setup's stored profiles (the pair's
+    and the target's; a target-only one is created when neither exists yet). Never
+    raises on a full or read-only disk: a run must not fail over bookkeeping."""
+    if not measured:
+        return
+    keys = dict.fromkeys((setup.key, setup.alone().key))
+    stored = [p for k in keys if (p := _read(k)) is not None]
+    if not stored:
+        stored = [Profile(key=setup.alone().key, target=target_name, draft=None, device=setup.device,
+                          n_threads=setup.n_threads, n_gpu_layers=setup.n_gpu_layers,
+                          t_token_s=t_token_s, vcurve=[], prefill_tok_s=0.0)]
+    for p in stored:
+        try:
+            save_profile(replace(p, online=merge_online(p.online, measured)))
+        except OSError:
+            pass
 
 
 def vcurve_sizes(n_max: int) -> list[int]:

@@ -3,102 +3,50 @@ unit of time, including k = 0 (plain decode) when nothing pays.
 
   expected tokens  E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i      (a_i: P(accept i | accepted < i))
   cost             C(k) = V(k + 1) + k * c                   (in one-token decode times)
-  choose           argmax_k E(k) / C(k); plain decode scores 1 / V(1) = 1, and a
-                   draft must score at least 5% above it (within that, estimates
-                   are noise and plain decoding is the safe bet)
+  choose           argmax_k E(k) / C(k) over the verify sizes k + 1 of costs.GRID; plain
+                   decode scores 1 / V(1) = 1, and a draft must score at least 5% above it
+                   (within that, estimates are noise and plain decoding is the safe bet)
 
-V(n) comes from the calibration profile (`localspec tune`), or without one a CPU-like
-prior, and is replaced by the medians of the verify times this run measures. c is the
-draft model's cost ratio (0 for n-gram), from its measured draft times. Acceptance a_i
-is estimated per drafter (and, for n-gram drafts, per matched suffix length, since long
-matches copy long runs as in suffix decoding), from decaying counts smoothed toward the
-previous position's estimate. Every n-gram candidate is
-scored in hindsight, drafted or not, against the tokens the target goes on to produce:
-how long copied runs last is learned at every depth, also while auto decodes plainly.
-The draft model is only learned from its own drafts (probed now and then, where it
-could pay at all).
+V(n) (costs.py) is what this run measures, else what earlier runs stored or `localspec
+tune` measured, else a guess. A verify size nobody has measured is only tried when its
+worst case fits a budget: the time auto has lost to plain decoding so far (measured:
+each drafted round's verify time against the one-token time of the tokens it gave) plus
+the worst case must stay under BUDGET of the time plain decoding would have taken, and
+a size tried once is measured. Well-accepted long copies are free to try
+(their worst case, n one-token decodes, buys about n tokens), so an edit climbs to long
+drafts in its first rounds, while a prose reply risks at most a percent or two before
+the measurements say whether short drafts pay on this machine. What a run measured is
+handed to `store` at the end (the profile keeps it: the next run starts informed).
+
+n-gram acceptance comes from runs.py (by how long the copied run has held, learned in
+hindsight from every candidate, drafted or not); the draft model's from its own drafts
+(probed now and then, where it could pay at all); c is its cost ratio.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
+from localspec.core.drafters.costs import CostModel, best_k, grid_sizes
+from localspec.core.drafters.runs import RunModel
 from localspec.models.profile import Profile
+
+__all__ = ["AcceptModel", "AutoDrafter", "CostModel", "best_k", "expected_tokens"]
 
 DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
 SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
 EXPLORE_EVERY = 64  # rounds between probes of a draft model the policy has written off
 MARGIN = 0.05  # expected gain over plain decoding below which auto does not draft
-WINDOW = 15  # recent verify times kept per batch size (their median is the estimate)
-MIN_SEEN = 3  # verify times needed at a batch size before they replace the prior
+MIN_EXTRA = 0.1  # ... nor below this many expected extra tokens a round: on a flat (GPU)
+# curve a 1-in-20 guess "pays" 5% by estimate, within the noise of both estimates
 OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
-
-
-def _default_v(n: int) -> float:
-    # a CPU-like prior (DESIGN.md: 1.5B on 2 cores), replaced as soon as we measure
-    return 1.0 + 0.3 * (min(n, 8) - 1) + 0.02 * max(0, n - 8)
-
-
-class CostModel:
-    """V(n): verify time for n tokens relative to one. From the calibration profile (or a
-    CPU-like prior), replaced by the medians of the verify times this run measures once
-    there are a few: the profile is measured on a short context, and at 1000 tokens of
-    context V(4) is ~20% lower on a CPU. Medians shrug off the odd stalled round."""
-
-    def __init__(self, profile: Profile | None, n_max: int, learn: bool = True) -> None:
-        self.learn = learn  # False: the profile/prior only (reproducible decisions)
-        self.n_max = n_max + 1
-        self.prior = [profile.v(n) if profile else _default_v(n) for n in range(1, self.n_max + 1)]
-        self.times: list[deque[float]] = [deque(maxlen=WINDOW) for _ in range(self.n_max + 1)]
-        self._ratio: dict[int, float] | None = None  # measured/prior by size; None: stale
-        self.c_model = profile.c if profile and profile.c else None
-        self.t_token_s = profile.t_token_s if profile else None
-        self.draft_token_s: float | None = None
-
-    def observe_verify(self, n: int, seconds: float) -> None:
-        if 1 <= n <= self.n_max:
-            self.times[n].append(seconds)
-            self._ratio = None
-
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens:
-            per = seconds / n_tokens
-            old = self.draft_token_s
-            self.draft_token_s = per if old is None else 0.8 * old + 0.2 * per
-
-    def seconds(self, n: int) -> float | None:
-        """Median measured verify time for n tokens, once there are enough rounds."""
-        t = self.times[n]
-        return statistics.median(t) if len(t) >= MIN_SEEN else None
-
-    def v(self, n: int) -> float:
-        """Measured where this run has measured; elsewhere the profile's (or prior's)
-        shape, scaled by the measured/profile ratio interpolated from the nearest
-        measured sizes: the profile knows where the kernels switch (a straight line
-        from V(2) to V(16) would hide that V(5) costs half of V(10) on this CPU)."""
-        n = min(max(n, 1), self.n_max)
-        t1 = self.seconds(1)
-        if not t1 or not self.learn:
-            return self.prior[n - 1]
-        if self._ratio is None:  # once per observation, not per v() call (best_k makes ~k)
-            self._ratio = {m: s / t1 / self.prior[m - 1]
-                           for m in range(1, self.n_max + 1) if (s := self.seconds(m))}
-        ratio = self._ratio
-        lo = max(m for m in ratio if m <= n)
-        hi = min((m for m in ratio if m >= n), default=lo)
-        r = ratio[lo] if hi == lo else ratio[lo] + (ratio[hi] - ratio[lo]) * (n - lo) / (hi - lo)
-        return max(self.prior[n - 1] * r, 1.0)
-
-    def c(self) -> float:
-        t1 = (self.seconds(1) if self.learn else None) or self.t_token_s
-        if self.draft_token_s and t1:
-            return self.draft_token_s / t1
-        return self.c_model if self.c_model is not None else 0.5
+BUDGET = 0.015  # share of plain decoding's time auto may lose to it trying unmeasured sizes
+BUDGET_FREE = 1.0  # ... plus this many one-token times
+TRY_BUDGET = 0.04  # share it may lose against the best measured choice doing so
+MODEL_K_MAX = 32  # the draft model stops where it is unsure long before this
 
 
 class AcceptModel:
@@ -140,58 +88,38 @@ def expected_tokens(rates: Sequence[float]) -> float:
     return 1.0 + float(np.cumprod(rates).sum())
 
 
-def best_k(rates: Sequence[float], cost: CostModel, c: float) -> tuple[int, float, float]:
-    """(k, expected tokens, expected tokens per one-token time); k = 0 is plain decode."""
-    best = (0, 1.0, 1.0 / cost.v(1))
-    expected, survive = 1.0, 1.0
-    for k, a in enumerate(rates, start=1):
-        survive *= a
-        expected += survive
-        rate = expected / (cost.v(k + 1) + k * c)
-        if rate > best[2]:
-            best = (k, expected, rate)
-    return best
-
-
-# Prior acceptance by matched suffix length (tokens; 6 stands for 6 and more), a little
-# below what the built-in workloads measure (first position: 0.22, 0.45, 0.6, 0.75 for
-# 1-4 tokens on prompts, 0.95-0.98 for 6+ on edits). Candidates are scored in hindsight
-# whether drafted or not, so a low prior costs a few plain rounds before the evidence
-# lifts it; a high one costs failed verifies, which on short replies (~100 tokens of
-# code) left auto 4-5% behind plain decoding.
-NGRAM_PRIOR = {1: 0.2, 2: 0.35, 3: 0.5, 4: 0.6, 5: 0.8, 6: 0.95}
-
-
-def _bucket(match_len: int) -> int:
-    return min(match_len, 6)
-
-
 class AutoDrafter(DrafterBase):
     """Chooses between n-gram, the draft model (when loaded) and no draft, each round."""
 
     name = "auto"
 
     def __init__(self, ngram: Drafter, model: Drafter | None, profile: Profile | None,
-                 k_max: int = 32, learn_costs: bool = True) -> None:
+                 k_max: int = 32, learn_costs: bool = True,
+                 store: Callable[[dict[int, tuple[float, int]], float], None] | None = None) -> None:
         self.ngram = ngram
         self.model = model
         self.k_max = k_max
         self.cost = CostModel(profile, k_max, learn=learn_costs)
-        self.ngram_acc = {b: AcceptModel(p, k_max) for b, p in NGRAM_PRIOR.items()}
+        self.sizes = grid_sizes(k_max + 1)
+        self.runs = RunModel()
         self.model_acc = AcceptModel(0.6, k_max)
         self._model_pays: bool | None = None  # the profile's verdict, when it has one
-        if profile is not None and profile.c:
+        if profile is not None and profile.c and profile.vcurve:
             calibrated = CostModel(profile, k_max, learn=False)
-            self._model_pays = best_k([OPTIMISTIC] * k_max, calibrated, profile.c)[0] > 0
+            self._model_pays = best_k([OPTIMISTIC] * min(k_max, MODEL_K_MAX), calibrated, profile.c)[0] > 0
+        self.store = store  # called at the end of each generation with what it measured
         self.rounds = 0
-        # n-gram candidates not fully scored: (context length, candidate, bucket, scored)
-        self._pending: list[tuple[int, list[int], int, int]] = []
+        self.lost = 0.0  # one-token times drafting has cost beyond plain decoding's, measured
+        self.produced = 0  # tokens produced (plain decoding's time for them, in one-token times)
+        self.tried = 0.0  # one-token times trying unmeasured sizes cost beyond the best measured choice
+        self._best_known = 1.0  # the best measured choice's rate when this round was chosen
+        self._trying = False  # this round verifies a size not measured before
         # (source, k, probe) -> [rounds, expected tokens, realised tokens]
         self.choices: dict[tuple[str, int, bool], list[float]] = {}
         self._last = ("none", 0, 1.0, False)  # (source, k, expected tokens, probe)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self._pending = []
+        self.runs.reset(len(prompt))
         self.ngram.begin(prompt)
         if self.model is not None:
             self.model.begin(prompt)
@@ -204,21 +132,20 @@ class AutoDrafter(DrafterBase):
     def draft(self, context: Sequence[int], k: int) -> Draft:
         self.rounds += 1
         k = min(k, self.k_max)
-        self._settle(context)
+        self.runs.settle(context)  # score earlier candidates against what the target produced
         found = self.ngram.draft(context, k)
+        if found.tokens:
+            age = self.runs.offer(len(context), found.tokens, max(found.run_len, found.match_len))
         plan = ("none", 0, 1.0, False)  # (source, k, expected tokens, probe)
         # drafting must beat plain decoding by a margin: where the gain is within the
         # noise of the cost and acceptance estimates, plain decoding is the safe bet
         best_rate = (1.0 + MARGIN) / self.cost.v(1)
         if found.tokens:
-            b = _bucket(found.match_len)
-            self.ngram_acc[b].decay()  # scored later against the target's tokens, drafted or not
-            self._pending.append((len(context), found.tokens, b, 0))
-            kk, exp, rate = best_k(self.ngram_acc[b].rates(len(found.tokens)), self.cost, 0.0)
+            kk, exp, rate = self.choose(self.runs.rates(age, len(found.tokens)), 0.0)
             if kk and rate >= best_rate:
                 plan, best_rate = ("ngram", kk, exp, False), rate
         if self.model is not None and self._model_could_pay(k):
-            kk, exp, rate = best_k(self.model_acc.rates(k), self.cost, self.cost.c())
+            kk, exp, rate = self.choose(self.model_acc.rates(min(k, MODEL_K_MAX)), self.cost.c())
             if kk and rate >= best_rate and (plan[0] == "none" or rate > best_rate):
                 plan, best_rate = ("model", kk, exp, False), rate
             elif plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2:
@@ -228,34 +155,55 @@ class AutoDrafter(DrafterBase):
                 plan = ("model", kk, expected_tokens(self.model_acc.rates(kk)), True)
         self._last = plan
         source, kk, _, _ = plan
+        self._trying = bool(kk) and not self.cost.settled(kk + 1)
         if source == "ngram":
-            return Draft(tokens=found.tokens[:kk], source="ngram", match_len=found.match_len)
+            return Draft(tokens=found.tokens[:kk], source="ngram", match_len=found.match_len,
+                         run_len=found.run_len)
         if source == "model":
             d = self.model.draft(context, kk)
             d.source = "model"
             return d
         return Draft(source="none")
 
-    def _settle(self, context: Sequence[int]) -> None:
-        """Score earlier n-gram candidates against the tokens the target has produced
-        since, position by position as they arrive: whether each would have been
-        accepted had all of it been drafted (in greedy decoding exactly; sampled,
-        P(token = candidate) is the accept rule's min(1, p / q) for a one-hot q). So
-        acceptance at deep positions is learned although auto drafts short, and on text
-        where it drafts nothing at all: no n-gram probes are needed."""
-        keep = []
-        for pos, cand, b, done in self._pending:
-            acc, j = self.ngram_acc[b], done
-            for tok in context[pos + done : pos + len(cand)]:
-                hit = tok == cand[j]
-                acc.count(j, hit)
-                j += 1
-                if not hit:
-                    break
+    def choose(self, rates: Sequence[float], c: float) -> tuple[int, float, float]:
+        """(k, expected tokens, rate) for drafts of up to len(rates) tokens: the best
+        measured verify size, or an unmeasured one that may be better still (judged
+        by `hope`) where the budgets cover its worst case; (0, 1, 1 / V(1)) when no
+        draft beats plain decoding by MARGIN."""
+        plain = (0, 1.0, 1.0 / self.cost.v(1))
+        if not len(rates):
+            return plain
+        expected = 1.0 + np.cumsum(np.cumprod(rates))  # expected[k - 1] = E(k)
+        n_top = len(rates) + 1
+        known, unknown = [plain], []
+        for n in [m for m in self.sizes if 2 <= m < n_top] + [n_top]:
+            e = float(expected[n - 2])
+            if self.cost.settled(n):
+                known.append((n - 1, e, e / (self.cost.v(n) + (n - 1) * c)))
             else:
-                if j < len(cand):
-                    keep.append((pos, cand, b, j))
-        self._pending = keep
+                unknown.append((n - 1, e, e / (self.cost.hope(n) + (n - 1) * c)))
+        best = max(known, key=lambda o: o[2])
+        self._best_known = best[2]
+        for k, e, rate in sorted(unknown, key=lambda o: -o[2]):
+            if rate <= best[2]:
+                break
+            if self._affordable(k + 1, e, c, best[2]):
+                best = (k, e, rate)
+                break
+        worth = best[2] >= (1.0 + MARGIN) / self.cost.v(1) and best[1] >= 1.0 + MIN_EXTRA
+        return best if worth else plain
+
+    def _affordable(self, n: int, expected: float, c: float, best_rate: float) -> bool:
+        """Whether trying unmeasured size n fits both budgets at its worst case: what
+        drafting has lost against plain decoding, and what trying sizes has lost
+        against the best measured choice (each round measured, once tried)."""
+        if not self.cost.learn:
+            return True
+        if self.cost.t1() is None:
+            return False  # no one-token time yet to judge a trial by: measured sizes only
+        worst = self.cost.upper(n) + (n - 1) * c
+        return (self.lost + worst - expected <= BUDGET * self.produced + BUDGET_FREE
+                and self.tried + worst - expected / best_rate <= TRY_BUDGET * self.produced + BUDGET_FREE)
 
     def _model_could_pay(self, k: int) -> bool:
         """Whether the draft model would pay even at an optimistic acceptance. Where it
@@ -265,13 +213,20 @@ class AutoDrafter(DrafterBase):
         probe per 64 rounds). With a profile that measured the draft, its verdict stands:
         a few lucky round times must not reopen the question."""
         if self._model_pays is None:
-            return best_k([OPTIMISTIC] * max(k, 1), self.cost, self.cost.c())[0] > 0
+            return best_k([OPTIMISTIC] * max(min(k, MODEL_K_MAX), 1), self.cost, self.cost.c())[0] > 0
         return self._model_pays
 
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
         source, _, expected, probe = self._last
+        t1 = self.cost.t1()
         self.cost.observe_verify(n_draft + 1, verify_s)
-        if source == "model" and n_draft:  # n-gram acceptance is learned in _settle
+        if n_draft and t1:  # what this round cost beyond plain decoding of the same tokens
+            spent = (verify_s + draft_s) / t1
+            self.lost += spent - (n_accept + 1)
+            if self._trying:  # ... and beyond the best measured choice
+                self.tried += spent - (n_accept + 1) / self._best_known
+        self.produced += n_accept + 1
+        if source == "model" and n_draft:  # n-gram acceptance is learned in hindsight (runs.py)
             self.model_acc.observe(n_draft, n_accept)
             self.cost.observe_draft(n_draft, draft_s)
         row = self.choices.setdefault((source, n_draft, probe), [0, 0.0, 0.0])
@@ -281,7 +236,11 @@ class AutoDrafter(DrafterBase):
 
     def report(self) -> dict:
         """How often each (drafter, k) was chosen, expected vs realised tokens per round;
-        probes of a written-off draft model ("model:2 probe") apart from its choices."""
+        probes of a written-off draft model ("model:2 probe") apart from its choices.
+        The end of a generation: what it measured goes to `store` (the profile)."""
+        t1 = self.cost.t1()
+        if self.store is not None and t1:
+            self.store(self.cost.measured(), t1)
         return {
             f"{src}:{k}" + (" probe" if probe else ""):
                 {"rounds": int(n), "expected": e / n, "realised": r / n}

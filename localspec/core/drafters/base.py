@@ -19,6 +19,7 @@ class Draft:
     source: str = "none"  # which drafter produced it (hybrid reports ngram or model)
     match_len: int = 0  # n-gram drafts: length of the matched suffix
     batch_s: float = 0.0  # time of the batched draft decodes shared with other sequences (serve)
+    run_len: int = 0  # n-gram drafts: tokens before the draft that agree with its source
 
 
 class Drafter(Protocol):

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from localspec.core.drafters.base import Draft, DrafterBase
 
+RUN_CAP = 1024  # how far back a match is extended to measure the run it continues
+
 
 class _Index:
     """n-gram -> position just after its most recent occurrence, for one token list."""
@@ -70,5 +72,15 @@ class NgramDrafter(DrafterBase):
                 if start is not None:
                     tokens = index.tokens[start : start + k]
                     if tokens:
-                        return Draft(tokens=list(tokens), source=self.name, match_len=n)
+                        return Draft(tokens=list(tokens), source=self.name, match_len=n,
+                                     run_len=_run_len(index.tokens, start, context, n))
         return Draft(source=self.name)
+
+
+def _run_len(source: Sequence[int], start: int, context: Sequence[int], n: int) -> int:
+    """How many tokens before `start` in `source` agree with the end of `context` (the
+    matched n, extended backwards up to RUN_CAP): how long the copy has already held."""
+    limit = min(start, len(context), RUN_CAP)
+    while n < limit and source[start - n - 1] == context[-n - 1]:
+        n += 1
+    return n

@@ -1,0 +1,224 @@
+"""What verifying costs, for the auto policy: V(n), the time to verify n tokens in one
+batch relative to decoding one, as far as this machine has shown it.
+
+Where V comes from, best first: the verify times this run measures (medians per batch
+size: the odd stalled round does not move them), what earlier runs measured and stored
+(`Profile.online`), `localspec tune`'s curve (n <= 32, on a short context), and beyond
+all of those a guess. Sizes nobody measured are scaled by the measured/stored ratio at
+the nearest measured sizes, so the stored shape (where the kernels switch: V(8) can cost
+more than V(16)) survives a change of context length or load.
+
+A size is *known* once measured (tune, a stored run, or a verify in this run). For an
+unknown size the policy also needs a worst case: `upper(n)` assumes no better per-token
+cost than the largest known size below it shows, less a jag allowance, and never more
+than n one-token decodes. The guess itself (`estimate`) is optimistic on purpose: it only
+decides which size to try next, and trying is paid from a budget (see auto.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+import numpy as np
+
+from localspec.models.profile import Profile
+
+WINDOW = 15  # recent verify times kept per batch size (their median is the estimate)
+MIN_SEEN = 1  # verify times at a batch size before it counts as measured (one is within
+# the noise of a shared machine, ~15%, which the JAG allowance above a measured size covers)
+STEADY = 3  # ... before it is the one-token time everything is relative to, or rescales
+# the sizes around it
+JAG = 1.3  # per-token cost at an unmeasured size: at worst this x the nearest measured below
+# verify sizes auto drafts for: dense where CPU kernels switch, sparser where V is smooth
+GRID = (*range(1, 11), 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+        160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def grid_sizes(n_max: int) -> list[int]:
+    """Verify sizes (draft length + 1) up to n_max: GRID's, and n_max itself."""
+    sizes = [n for n in GRID if n <= n_max]
+    return sizes if sizes[-1] == n_max else [*sizes, n_max]
+
+
+def extend(sizes: list[int], values: list[float], n_max: int) -> np.ndarray:
+    """V(1..n_max) from V at `sizes` (ascending, starting at 1): linear between them;
+    past the last, m, linear with the slope over the upper half of the measured range
+    (exact for a GPU's flat line, a little high for a CPU's concave curve), kept
+    between V(m) and V(m) * n / m. From V(1) alone, the guess sqrt(n): between a GPU
+    (nearly flat) and a 2-core CPU (nearly linear)."""
+    n = np.arange(1, n_max + 1, dtype=float)
+    curve = np.interp(n, sizes, values)
+    m, vm = sizes[-1], values[-1]
+    if m >= n_max:
+        return curve
+    beyond = n[m:]
+    if m == 1:
+        curve[m:] = np.sqrt(beyond)
+        return curve
+    h = max(i for i, s in enumerate(sizes) if s <= m / 2 or i == 0)
+    slope = (vm - values[h]) / (m - sizes[h])
+    curve[m:] = np.clip(vm + slope * (beyond - m), vm, vm * beyond / m)
+    return curve
+
+
+def _base_curve(profile: Profile | None, n_max: int) -> tuple[list[float], list[int]]:
+    """(V(1..n_max), how well each is measured: 0 not, 1 by a round or two of an
+    earlier run, 2 by tune or STEADY rounds) from the profile and its stored on-line
+    points (extended as `extend` does)."""
+    points, level = {1: 1.0}, {1: 2}
+    if profile is not None:
+        points.update({n: float(v) for n, v in enumerate(profile.vcurve, start=1)})
+        level.update({n: 2 for n in points})
+        for n, v in profile.online_v().items():
+            if n <= n_max:
+                points[n] = v
+                level[n] = 2 if n in profile.online_v(STEADY) else max(level.get(n, 0), 1)
+    sizes = sorted(points)
+    curve = extend(sizes, [points[m] for m in sizes], n_max)
+    return [float(x) for x in curve], [level.get(n, 0) for n in range(1, n_max + 1)]
+
+
+class CostModel:
+    """V(n) for n = 1..n_max + 1: measured, stored, tuned or guessed (module docstring).
+    Every table is rebuilt once per observed round, not per query: auto asks ~40
+    sizes a round."""
+
+    def __init__(self, profile: Profile | None, n_max: int, learn: bool = True) -> None:
+        self.learn = learn  # False: the profile/prior only (reproducible decisions)
+        self.n_max = n_max + 1
+        self.prior, level = _base_curve(profile, self.n_max)
+        self.prior_level = np.array([0, *level])  # by n (index 0 unused)
+        self.times: dict[int, deque[float]] = {}
+        self._median: dict[int, float] = {}
+        self._tables: tuple[np.ndarray, ...] | None = None  # (v, hope, upper, known, settled)
+        self.c_model = profile.c if profile and profile.c else None
+        self.t_token_s = profile.t_token_s if profile else None
+        self.draft_token_s: float | None = None
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        if 1 <= n <= self.n_max:
+            t = self.times.setdefault(n, deque(maxlen=WINDOW))
+            t.append(seconds)
+            old, new = self._median.get(n), statistics.median(t)
+            self._median[n] = new
+            # rebuild when a size is first timed, settles, or its median moves by 1%
+            if old is None or len(t) == STEADY or abs(new - old) > 0.01 * old:
+                self._tables = None
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens:
+            per = seconds / n_tokens
+            old = self.draft_token_s
+            self.draft_token_s = per if old is None else 0.8 * old + 0.2 * per
+
+    def seconds(self, n: int, min_seen: int = MIN_SEEN) -> float | None:
+        """Median measured verify time for n tokens, once there are min_seen rounds."""
+        return self._median[n] if len(self.times.get(n, ())) >= max(min_seen, 1) else None
+
+    def t1(self) -> float | None:
+        """Seconds per one-token decode in this run (None until measured)."""
+        return self.seconds(1, STEADY)
+
+    def _table(self, i: int, n: int) -> float:
+        if self._tables is None:
+            self._tables = self._build()
+        return self._tables[i][min(max(n, 1), self.n_max)]
+
+    def v(self, n: int) -> float:
+        """V(n): this run's median where it has verified n tokens (one round is enough
+        for an estimate); at sizes the profile measured, its shape scaled by the ratio
+        of this run's times to it, interpolated from the nearest sizes measured now (the
+        profile knows where kernels switch: a straight line from V(2) to V(16) would hide
+        that V(5) costs half of V(10) on a 2-core CPU); elsewhere as `extend` does."""
+        return float(self._table(0, n))
+
+    def hope(self, n: int) -> float:
+        """An optimistic V(n), to choose which size to try: for one timed once or twice,
+        its estimate less the noise of a round time (an unlucky round must not rule a
+        good size out for good); for one never timed, the estimate, or less where the
+        nearest measured size below would give V(m) * sqrt(n / m) (a concave CPU
+        curve's linear extension is too dear to ever be tried)."""
+        return float(self._table(1, n))
+
+    def upper(self, n: int) -> float:
+        """A worst case for V(n): V(n) where settled, JAG x V(n) where timed once or
+        twice; else no better per token than the largest measured size below n (less a
+        jag of JAG), and at most n decodes."""
+        return float(self._table(2, n))
+
+    def known(self, n: int) -> bool:
+        """Measured at all: by tune, by an earlier run, or in this one."""
+        return bool(self._table(3, n))
+
+    def settled(self, n: int) -> bool:
+        """Measured well enough to act on without a second look: by tune, STEADY rounds
+        of earlier runs or of this one (one round time can be 30% off on a busy machine)."""
+        return bool(self._table(4, n))
+
+    def _build(self) -> tuple[np.ndarray, ...]:
+        rounds = np.zeros(self.n_max + 1, dtype=int)
+        if self.learn:
+            for m, t in self.times.items():
+                rounds[m] = len(t)
+        known = (self.prior_level > 0) | (rounds >= MIN_SEEN)
+        settled = (self.prior_level == 2) | (rounds >= STEADY) | (not self.learn)
+        known[1] = settled[1] = True
+        v = np.array([0.0, *(self._estimate() if self.learn and self.t1() else self.prior)])
+        below = np.maximum.accumulate(np.where(known, np.arange(self.n_max + 1), 1))
+        below = np.concatenate(([1], below[:-1]))  # the largest known size < n
+        n = np.arange(self.n_max + 1, dtype=float)
+        n[0] = 1.0
+        vb = v[below]
+        hope = np.where(settled, v, np.where(known, np.maximum(v / JAG, 1.0),
+                                             np.maximum(np.minimum(v, vb * np.sqrt(n / below)), 1.0)))
+        upper = np.where(settled, v, np.where(known, JAG * v,
+                                              np.maximum(np.minimum(n, JAG * vb * n / below), v)))
+        return v, hope, upper, known, settled
+
+    def _estimate(self) -> np.ndarray:
+        t1 = self.t1()
+        now = {m: s / t1 for m, s in sorted(self._median.items())}
+        now[1] = 1.0
+        sizes = np.arange(1, self.n_max + 1)
+        prior = np.asarray(self.prior)
+        # ratios to the prior only from sizes timed a few times: one stalled round must
+        # not rescale every other size
+        at = np.array([m for m in sorted(now) if m == 1 or len(self.times[m]) >= STEADY])
+        scaled = prior * np.interp(sizes, at, [now[m] / prior[m - 1] for m in at])
+        prior_known = self.prior_level[1:] > 0
+        anchors = sorted(set(now) | set(sizes[prior_known].tolist()))
+        curve = extend(anchors, [now.get(m, scaled[m - 1]) for m in anchors], self.n_max)
+        curve[prior_known] = scaled[prior_known]
+        curve[np.array(sorted(now)) - 1] = [now[m] for m in sorted(now)]
+        return np.maximum(curve, 1.0)
+
+    def c(self) -> float:
+        t1 = (self.t1() if self.learn else None) or self.t_token_s
+        if self.draft_token_s and t1:
+            return self.draft_token_s / t1
+        return self.c_model if self.c_model is not None else 0.5
+
+    def measured(self) -> dict[int, tuple[float, int]]:
+        """{n: (V(n), verify rounds)} for every size this run measured: what a profile
+        stores so the next run starts informed (a size tried once need not be tried
+        again; the rounds weigh it against later runs' measurements)."""
+        t1 = self.t1()
+        if not t1:
+            return {}
+        return {n: (s / t1, len(self.times[n])) for n in sorted(self.times)
+                if n > 1 and (s := self.seconds(n)) is not None}
+
+
+def best_k(rates, cost: CostModel, c: float) -> tuple[int, float, float]:
+    """(k, expected tokens, expected tokens per one-token time) over every k, on the
+    estimates alone; k = 0 is plain decode. (auto's own choice also weighs risk.)"""
+    best = (0, 1.0, 1.0 / cost.v(1))
+    expected, survive = 1.0, 1.0
+    for k, a in enumerate(rates, start=1):
+        survive *= a
+        expected += survive
+        rate = expected / (cost.v(k + 1) + k * c)
+        if rate > best[2]:
+            best = (k, expected, rate)
+    return best

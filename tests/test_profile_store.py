@@ -1,0 +1,68 @@
+"""The profile store keeps what `--spec auto` measured during runs (V(n) at real
+contexts), merged with `localspec tune`'s curve: a fresh machine's second run starts
+informed, and a new `tune` does not erase it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from localspec.core.backend import Model
+from localspec.core.config import ModelConfig
+from localspec.core.runtime import setup_of
+from localspec.models import paths
+from localspec.models.profile import (
+    Profile,
+    load_profile,
+    merge_online,
+    save_profile,
+    store_online,
+)
+
+
+def _tuned(key: str) -> Profile:
+    return Profile(key=key, target="t", draft=None, device="cpu", n_threads=1, n_gpu_layers=0,
+                   t_token_s=0.1, vcurve=[1.0, 1.5, 2.0], prefill_tok_s=100.0)
+
+
+def test_merge_weighs_runs_and_lets_new_ones_move_old_points():
+    merged = merge_online({}, {16: (8.0, 3)})
+    assert merged == {"16": [8.0, 3]}
+    merged = merge_online(merged, {16: (10.0, 1), 4: (2.5, 2)})
+    assert merged["16"] == [8.5, 4] and merged["4"] == [2.5, 2]
+    for _ in range(40):  # many runs: the weight is capped, so the present state wins
+        merged = merge_online(merged, {16: (6.0, 5)})
+    assert abs(merged["16"][0] - 6.0) < 0.01 and merged["16"][1] == 30
+
+
+def test_store_creates_a_profile_auto_finds_and_tune_keeps(smol_path):
+    target = Model(ModelConfig(path=smol_path, n_ctx=128, n_threads=1))
+    try:
+        assert load_profile(setup_of(target), online=True) is None
+        store_online(setup_of(target), target.name, {8: (5.0, 4), 64: (20.0, 1)}, 0.05)
+        # a profile with on-line points only: auto gets it, serve's tune lookup does not
+        assert load_profile(setup_of(target)) is None
+        got = load_profile(setup_of(target), online=True)
+        assert got is not None and got.vcurve == [] and got.online_v() == {8: 5.0, 64: 20.0}
+        assert got.key == setup_of(target).key and got.t_token_s == 0.05
+        # `tune` saves its curve under the same key: the on-line points stay
+        save_profile(replace(_tuned(got.key), target=target.name))
+        again = load_profile(setup_of(target))
+        assert again.vcurve == [1.0, 1.5, 2.0] and again.online_v() == {8: 5.0, 64: 20.0}
+        # the next run's measurements merge into it
+        store_online(setup_of(target), target.name, {8: (7.0, 4)}, 0.05)
+        assert load_profile(setup_of(target)).online["8"] == [6.0, 8]
+    finally:
+        target.close()
+
+
+def test_a_corrupt_profile_is_ignored_and_replaced(smol_path):
+    target = Model(ModelConfig(path=smol_path, n_ctx=128, n_threads=1))
+    try:
+        path = paths.ensure(paths.state_dir() / "profiles") / f"{setup_of(target).key}.json"
+        path.write_text("{not json")
+        assert load_profile(setup_of(target), online=True) is None
+        store_online(setup_of(target), target.name, {4: (2.0, 3)}, 0.05)
+        assert json.loads(path.read_text())["online"] == {"4": [2.0, 3]}
+    finally:
+        target.close()
