@@ -118,6 +118,6 @@ def _ttft(stats: GenerationStats) -> str:
     inner = f"prefill {stats.prefill_tokens:,} tok {stats.prefill_s:.1f} s"
     if stats.restored_tokens:
         inner += f", {stats.restored_tokens:,} tok from the prefix cache {stats.cache_s:.2f} s"
-    elif stats.cache_s >= 0.05:
-        inner += f", stored in the prefix cache {stats.cache_s:.1f} s"
+    elif stats.stored_tokens:
+        inner += f", stored in the prefix cache {stats.cache_s:.2f} s"
     return f"{stats.ttft_s:.1f} s ({inner})"

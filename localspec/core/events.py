@@ -63,6 +63,7 @@ class GenerationStats:
     # generate() (which then prefills only the rest); generate() leaves them alone
     restored_tokens: int = 0  # prompt tokens whose KV state came from the prefix cache
     cache_s: float = 0.0  # time spent restoring them (or storing the prefix on a miss)
+    stored_tokens: int = 0  # prompt tokens a miss stored in the prefix cache
 
     @property
     def acceptance(self) -> float:

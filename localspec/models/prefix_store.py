@@ -235,6 +235,7 @@ class PrefixUse:
         stats.prefill_s += self.prefill_s
         stats.restored_tokens += self.restored
         stats.cache_s += self.cache_s
+        stats.stored_tokens += self.decoded if self.stored else 0
 
 
 def warm_prefix(model: Model, prefix: Sequence[int], cache: PrefixStore | None,
