@@ -248,7 +248,9 @@ def test_filter_mode_through_a_real_pipe(target_path):
 def test_sigkill_at_random_moments_leaves_old_or_new(tmp_path, target_path):
     """Kill `localspec edit` at random moments: the file always holds the original or
     the complete edited text, never a mix, and it always parses."""
-    p = tmp_path / "small.py"
+    work = tmp_path / "work"  # the file's folder alone (the tool's own state is in tmp_path/home)
+    work.mkdir()
+    p = work / "small.py"
     cmd = [sys.executable, "-m", "localspec", "edit", "--no-log", str(p), "-y", "-q",
            "-m", target_path, "-i", "Rename the function add to plus."]
     p.write_text(SMALL)
@@ -267,6 +269,6 @@ def test_sigkill_at_random_moments_leaves_old_or_new(tmp_path, target_path):
         proc.wait(timeout=60)
         assert p.read_text() in (SMALL, edited), f"mixed content after a kill at {moment:.2f}s"
         ast.parse(p.read_text())
-        for leftover in tmp_path.glob(".small.py.*.tmp"):
+        for leftover in work.glob(".small.py.*.tmp"):
             leftover.unlink()  # a temp file may remain after SIGKILL; never the target
-    assert os.listdir(tmp_path) == ["small.py"]
+    assert os.listdir(work) == ["small.py"]
