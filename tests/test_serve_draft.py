@@ -23,8 +23,8 @@ from test_serve import free_port, start_server, stop_server
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-from localspec.core import backend
 from localspec.core.backend import Model
+from localspec.core.backend import model as backend_model
 from localspec.core.config import ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.model import DraftBatch, ModelDrafter
 from localspec.core.errors import BackendError
@@ -183,7 +183,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 def _count_draft_decodes(monkeypatch, draft: Model) -> list[int]:
     """Sequences in each llama_decode of the draft's context, as the batch names them."""
-    real = backend._ll.llama_decode
+    real = backend_model._ll.llama_decode
     seqs: list[int] = []
 
     def llama_decode(ctx, batch):
@@ -191,7 +191,7 @@ def _count_draft_decodes(monkeypatch, draft: Model) -> list[int]:
             seqs.append(len({batch.seq_id[i][0] for i in range(batch.n_tokens)}))
         return real(ctx, batch)
 
-    monkeypatch.setattr(backend._ll, "llama_decode", llama_decode)
+    monkeypatch.setattr(backend_model._ll, "llama_decode", llama_decode)
     return seqs
 
 

@@ -31,10 +31,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from localspec.acceptance import logdb
-from localspec.core.backend import Model
+from localspec.core.backend import Model, check_grammar
 from localspec.core.config import GenerationConfig, SamplingConfig
 from localspec.core.errors import GrammarError
-from localspec.core.grammar import check_grammar
 from localspec.serve import admission, protocol
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
