@@ -35,17 +35,10 @@ from localspec.core.backend import Model, check_grammar
 from localspec.core.config import GenerationConfig, SamplingConfig
 from localspec.core.errors import GrammarError
 from localspec.serve import admission, protocol
+from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
-from localspec.serve.scheduler import (
-    Failed,
-    Finished,
-    Job,
-    QueueFull,
-    Scheduler,
-    Text,
-    Unavailable,
-)
+from localspec.serve.scheduler import Scheduler
 from localspec.serve.tools import ToolPlan, chat_prompt
 
 log = logging.getLogger("localspec.serve")
