@@ -257,11 +257,12 @@ class _Api:
         if not self.settings.log_generations:
             return
         target = self.settings.target_path or str(self.target.path)
-        spec = self.scheduler.cfg.spec
+        spec, draft = self.scheduler.cfg.spec, self.scheduler.draft
+        draft_path = str(draft.path) if draft is not None else None
 
         def write() -> None:
             try:
-                logdb.log_generation("serve", stats, target=target, draft=None, spec=spec,
+                logdb.log_generation("serve", stats, target=target, draft=draft_path, spec=spec,
                                      sampling=job.sampling, prompt_text=prompt_text, output_text=output)
             except Exception:
                 log.debug("acceptance log failed", exc_info=True)
