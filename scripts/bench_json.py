@@ -23,7 +23,7 @@ from collections import defaultdict
 import jsonschema
 
 from localspec import models
-from localspec.core.backend import Model
+from localspec.core.backend import Grammar, Model, json_schema_grammar
 from localspec.core.config import (
     GenerationConfig,
     ModelConfig,
@@ -33,7 +33,6 @@ from localspec.core.config import (
 from localspec.core.drafters import NgramDrafter, NoDrafter
 from localspec.core.drafters.model import ModelDrafter
 from localspec.core.engine import collect, generate
-from localspec.core.grammar import Grammar, json_schema_grammar
 from localspec.core.runtime import chat_prompt
 
 ORDER = {"type": "object", "required": ["order_id", "customer", "items", "total", "paid"], "properties": {

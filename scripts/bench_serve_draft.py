@@ -23,7 +23,8 @@ from localspec.core.config import (
     SpecConfig,
 )
 from localspec.core.runtime import open_runtime
-from localspec.serve.scheduler import Failed, Finished, Job, Scheduler, SchedulerConfig
+from localspec.serve.jobs import Failed, Finished, Job
+from localspec.serve.scheduler import Scheduler, SchedulerConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
 SPECS = {

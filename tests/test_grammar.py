@@ -29,13 +29,13 @@ from test_engine_fake import (
 from test_real_models import NEAR_TIE
 
 from localspec.core import engine as engine_mod
+from localspec.core.backend import JSON_GBNF, Grammar, json_schema_grammar
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.constrain import top_allowed
 from localspec.core.drafters import NgramDrafter, NoDrafter
 from localspec.core.drafters.model import ModelDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import GrammarError
-from localspec.core.grammar import JSON_GBNF, Grammar, json_schema_grammar
 from localspec.core.runtime import chat_prompt
 
 GREEDY = SamplingConfig(temperature=0.0)

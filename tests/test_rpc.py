@@ -27,8 +27,7 @@ from test_real_models import EDIT_SOURCE, GREEDY, assert_same_greedy, plain_gree
 from localspec.bench.workers import LoopbackWorkers, free_port, localspec_cmd
 from localspec.cli import cli
 from localspec.commands.options import load_options, model_options
-from localspec.core import ggml
-from localspec.core.backend import Model
+from localspec.core.backend import Model, ggml
 from localspec.core.config import GenerationConfig, ModelConfig, SpecConfig
 from localspec.core.drafters import NgramDrafter
 from localspec.core.engine import collect, generate

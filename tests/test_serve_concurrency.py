@@ -34,14 +34,8 @@ from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import BackendError
 from localspec.serve.app import ServeSettings, create_app
-from localspec.serve.scheduler import (
-    Failed,
-    Finished,
-    Job,
-    Scheduler,
-    SchedulerConfig,
-    Text,
-)
+from localspec.serve.jobs import Failed, Finished, Job, Text
+from localspec.serve.scheduler import Scheduler, SchedulerConfig
 
 MAX_SLOTS = 8
 PROMPTS = [

@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sqlite3
 import threading
 import time
+from contextlib import closing
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,8 +26,9 @@ from test_serve import free_port, start_server, stop_server
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-from localspec.core import backend
+from localspec.acceptance import logdb
 from localspec.core.backend import Model
+from localspec.core.backend import model as backend_model
 from localspec.core.config import ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.model import DraftBatch, ModelDrafter
 from localspec.core.errors import BackendError
@@ -67,10 +71,11 @@ def draft(smol_path):
 class Server:
     """The app on uvicorn in a background thread, with the draft model for its slots."""
 
-    def __init__(self, target: Model, draft: Model | None, spec: SpecConfig, rule: int = -1) -> None:
+    def __init__(self, target: Model, draft: Model | None, spec: SpecConfig, rule: int = -1,
+                 log: bool = False) -> None:
         cfg = SchedulerConfig(n_slots=SLOTS, spec=spec, spec_disable_by_batch_size=rule)
         self.scheduler = Scheduler(target, cfg, draft=draft)
-        settings = ServeSettings(model_id="smol", log_generations=False, max_tokens_limit=512)
+        settings = ServeSettings(model_id="smol", log_generations=log, max_tokens_limit=512)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(create_app(self.scheduler, target, settings),
@@ -183,7 +188,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 def _count_draft_decodes(monkeypatch, draft: Model) -> list[int]:
     """Sequences in each llama_decode of the draft's context, as the batch names them."""
-    real = backend._ll.llama_decode
+    real = backend_model._ll.llama_decode
     seqs: list[int] = []
 
     def llama_decode(ctx, batch):
@@ -191,7 +196,7 @@ def _count_draft_decodes(monkeypatch, draft: Model) -> list[int]:
             seqs.append(len({batch.seq_id[i][0] for i in range(batch.n_tokens)}))
         return real(ctx, batch)
 
-    monkeypatch.setattr(backend._ll, "llama_decode", llama_decode)
+    monkeypatch.setattr(backend_model._ll, "llama_decode", llama_decode)
     return seqs
 
 
@@ -268,6 +273,19 @@ def _hold_slot(base: str) -> tuple[httpx.Client, httpx.Response]:
         if pieces >= 6:
             break
     return h, r
+
+
+def test_the_acceptance_log_names_the_servers_draft_model(target, draft):
+    with Server(target, draft, MODEL, log=True) as srv:
+        srv.client().chat.completions.create(model="m", messages=_messages(PROMPTS[0]), max_tokens=8,
+                                             temperature=0)
+        db, rows, deadline = logdb.db_path(), [], time.monotonic() + 20
+        while not rows and time.monotonic() < deadline:  # written off the event loop
+            time.sleep(0.2)
+            if db.exists():
+                with closing(sqlite3.connect(db)) as con:
+                    rows = con.execute("SELECT command, draft_file, drafter FROM generations").fetchall()
+    assert rows == [("serve", Path(draft.path).name, "model")]
 
 
 def test_cancelled_and_failed_requests_free_their_draft_sequence(target, draft, monkeypatch):

@@ -23,7 +23,7 @@ from contextlib import closing, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localspec import __version__, models
 from localspec.core.config import SamplingConfig, SpecConfig
@@ -138,30 +138,16 @@ def connect(path: Path | str | None = None) -> sqlite3.Connection:
 # ----- writing ----------------------------------------------------------------------
 
 
-def log_generation(
-    command: str,
-    stats: GenerationStats,
-    *,
-    target: Path | str,
-    draft: Path | str | None,
-    spec: SpecConfig,
-    sampling: SamplingConfig,
-    tag: str | None = None,
-    prompt_text: str = "",
-    output_text: str = "",
-    enabled: bool = True,
-) -> None:
-    """Append one generation to the acceptance log. Never raises (except Ctrl-C):
-    a failure prints one warning line on stderr. `tag` None: classified from the text.
-    Nothing is written when `enabled` is False or LOCALSPEC_NO_LOG=1."""
+def log_generation(command: str, stats: GenerationStats, *, enabled: bool = True, **record: Any) -> None:
+    """Append one generation to the acceptance log; `record` is build_record's keyword
+    arguments (target, draft, spec, sampling, tag, prompt_text, output_text). Never raises
+    (except Ctrl-C): a failure prints one warning line on stderr. `tag` None: classified
+    from the text. Nothing is written when `enabled` is False or LOCALSPEC_NO_LOG=1."""
     if not enabled or logging_disabled():
         return
     path = db_path()
     try:
-        row = build_record(command, stats, target=target, draft=draft, spec=spec,
-                           sampling=sampling, tag=tag, prompt_text=prompt_text,
-                           output_text=output_text)  # fmt: skip
-        insert(row, path)
+        insert(build_record(command, stats, **record), path)
     except Exception as exc:  # noqa: BLE001 - logging must not break generation
         _warn(path, exc)
 

@@ -2,7 +2,7 @@
 speculative path, `Llama(draft_model=LlamaPromptLookupDecoding(...))`, driven with the
 same prompt tokens, greedy, so users see localspec next to the obvious alternative.
 
-This is the one place besides backend.py that touches llama_cpp, on purpose: the peer
+This is the one place besides core/backend/ that touches llama_cpp, on purpose: the peer
 *is* llama-cpp-python's high-level `Llama` class and its decode loop; routing it
 through our backend would measure our code, not theirs. The import stays inside the
 functions, so nothing loads it unless the peer is asked for.

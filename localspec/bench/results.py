@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from localspec.bench.vcurve import VCurve, expected_tokens
 from localspec.core.config import SpecConfig
+from localspec.core.events import Timed
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Variant:
 
 
 @dataclass
-class Run:
+class Run(Timed):
     """One generation, reduced to what the report needs."""
 
     ids: list[int]
@@ -47,14 +48,6 @@ class Run:
     prefill_tokens: int = 0
     restored: int = 0  # prompt tokens restored from the prefix cache instead
     cache_s: float = 0.0  # restoring them
-
-    @property
-    def ttft_s(self) -> float:
-        return self.prefill_s + self.cache_s
-
-    @property
-    def wall_s(self) -> float:
-        return self.ttft_s + self.decode_s
 
 
 @dataclass

@@ -132,14 +132,8 @@ def _limit_for(mode: str, rule_limit: int | None) -> int | None:
 def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: SpecConfig,
              rule_limit: int | None, n_predict: int) -> Run:
     """C closed-loop clients; max(C, len(prompts)) requests round-robin over prompts."""
-    from localspec.serve.scheduler import (
-        Failed,
-        Finished,
-        Job,
-        Scheduler,
-        SchedulerConfig,
-        Text,
-    )
+    from localspec.serve.jobs import Failed, Finished, Job, Text
+    from localspec.serve.scheduler import Scheduler, SchedulerConfig
 
     n_req = max(c, len(prompts))
     work = [prompts[i % len(prompts)] for i in range(n_req)]

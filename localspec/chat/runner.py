@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from localspec.acceptance import logdb
 from localspec.chat.commands import Command, CommandError, help_text
 from localspec.chat.session import Conversation
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
@@ -210,10 +211,6 @@ class ChatRunner:
 
     def _log(self, stats: GenerationStats, user: str, reply: str) -> None:
         if not self.log:
-            return
-        try:
-            from localspec.acceptance import logdb
-        except ImportError:  # the acceptance log is optional
             return
         logdb.log_generation(
             "chat", stats, target=self.target.path,

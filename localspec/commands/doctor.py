@@ -25,17 +25,18 @@ from localspec.core.backend import (
     Model,
     backends,
     default_threads,
+    device_info,
     devices,
     ggml_build,
     has_amx,
     llama_cpp_version,
     supports_gpu_offload,
+    supports_rpc,
     system_info,
 )
 from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions
 from localspec.core.errors import LocalspecError, UsageError
-from localspec.core.ggml import device_info, supports_rpc
 from localspec.core.runtime import load_model
 
 _GIB = 1024**3

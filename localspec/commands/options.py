@@ -5,9 +5,9 @@ Flags follow llama.cpp's spelling; the newer `--spec-draft-n-*` names are aliase
 
 from __future__ import annotations
 
+import json
 import math
 import re
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -217,7 +217,7 @@ def grammar_text(kw: dict) -> str | None:
         where = "the inline schema" if inline else schema_arg
         raise UsageError(f"--json-schema: {where} is not JSON: {exc}") from None
     # imported here: it loads llama_cpp, which only a schema needs
-    from localspec.core.grammar import json_schema_grammar
+    from localspec.core.backend import json_schema_grammar
 
     return json_schema_grammar(schema)
 

@@ -35,8 +35,8 @@ def worker(ctx: click.Context, host: str, port: int, n_threads: int | None,
       localspec worker --host 0.0.0.0 --port 50052       # on the machine with the GPU
       localspec run --rpc 192.168.1.20:50052 "..."       # on the machine you type on
     """
-    from localspec.core import ggml, rpc
-    from localspec.core.backend import default_threads
+    from localspec.core import rpc
+    from localspec.core.backend import default_threads, ggml
 
     ggml.set_verbose(bool((ctx.obj or {}).get("verbose")))
     endpoint = f"{host}:{port}"

@@ -3,8 +3,8 @@ or HTTP.
 
     config.py     frozen dataclasses: ModelConfig, SamplingConfig, SpecConfig, GenerationConfig
     errors.py     LocalspecError tree (UsageError and subclasses exit 2, the rest exit 1)
-    backend.py    models (llama_cpp importer): load, tokenize, decode, rewind, KV sequences
-    ggml.py       the other llama_cpp importer: log, ggml devices, the RPC backend (ctypes)
+    backend/      the one llama_cpp importer: models (load, tokenize, decode, rewind, KV
+                  sequences), grammars (GBNF, JSON schema), log, ggml devices, RPC (ctypes)
     rpc.py        RPC workers: endpoints, bounded probe, attach, serve, lost worker -> exit 1
     sampling.py   numpy: logits -> probs, greedy and lossless stochastic accept rules
     drafters/     the Drafter protocol and none / ngram / model / hybrid / auto

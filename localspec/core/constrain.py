@@ -1,5 +1,5 @@
 """The target's choice under a grammar: numpy over the Grammar interface (allows,
-allowed, allowed_all, accept; core/grammar.py), with no llama_cpp here.
+allowed, allowed_all, accept; core/backend/grammar.py), with no llama_cpp here.
 
 The constrained distribution is defined once: forbidden tokens' logits are -inf, then
 the usual filters (sampling.py) apply. Plain constrained decoding and speculative

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from localspec.core.backend import Model
+from localspec.core.backend import Grammar, Model
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.constrain import (
     GrammarLike,
@@ -39,7 +39,6 @@ from localspec.core.events import (
     TokenLogprob,
     count_round,
 )
-from localspec.core.grammar import Grammar
 from localspec.core.sampling import (
     accept_greedy,
     accept_stochastic,

@@ -34,5 +34,9 @@ class PullError(LocalspecError):
     """Fetching model weights failed; nothing half-written is left behind."""
 
 
+class PullInterrupted(PullError):
+    """Ctrl-C during a pull: stop, do not try the next source."""
+
+
 class BackendError(LocalspecError):
     """llama.cpp refused to load a model or decode a batch."""

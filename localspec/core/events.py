@@ -40,8 +40,27 @@ class Round:
     k: int
 
 
+class Timed:
+    """ttft_s and wall_s from prefill_s, cache_s and decode_s (GenerationStats, and the
+    benchmark's per-run record)."""
+
+    prefill_s: float
+    cache_s: float
+    decode_s: float
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token: prefill, and the prefix cache's restore or store."""
+        return self.prefill_s + self.cache_s
+
+    @property
+    def wall_s(self) -> float:
+        """End to end, from the start of the prefill to the last token."""
+        return self.ttft_s + self.decode_s
+
+
 @dataclass
-class GenerationStats:
+class GenerationStats(Timed):
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # decoded at prefill; fewer than prompt_tokens when a prefix was cached
     prefill_s: float = 0.0
@@ -86,16 +105,6 @@ class GenerationStats:
     def overhead(self) -> float:
         """Share of decode time spent outside llama.cpp (Python, numpy, drafting)."""
         return max(0.0, 1.0 - self.llama_s / self.decode_s) if self.decode_s > 0 else 0.0
-
-    @property
-    def ttft_s(self) -> float:
-        """Time to first token: prefill, and the prefix cache's restore or store."""
-        return self.prefill_s + self.cache_s
-
-    @property
-    def wall_s(self) -> float:
-        """End to end, from the start of the prefill to the last token."""
-        return self.ttft_s + self.decode_s
 
     def acceptance_by_pos(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)]

@@ -17,7 +17,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 
-from localspec.core import ggml
+from localspec.core.backend import ggml
 from localspec.core.errors import LocalspecError, UsageError
 
 DEFAULT_PORT = 50052

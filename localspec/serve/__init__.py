@@ -7,6 +7,8 @@
     scheduler.py  the one thread that owns the model: continuous batching, one
                   decode_multi per step for every request's round, speculation switched
                   off above a batch size
+    jobs.py       a request as the scheduler takes it (Job) and what its sink receives
+                  (Text, Finished, Failed); QueueFull, Unavailable
     sequence.py   one request on its own KV sequence: the engine's round (Generation)
                   plus a prompt prefilled in chunks
     schema.py     the OpenAI request bodies as strict pydantic models

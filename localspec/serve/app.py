@@ -31,22 +31,14 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from localspec.acceptance import logdb
-from localspec.core.backend import Model
+from localspec.core.backend import Model, check_grammar
 from localspec.core.config import GenerationConfig, SamplingConfig
 from localspec.core.errors import GrammarError
-from localspec.core.grammar import check_grammar
 from localspec.serve import admission, protocol
+from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
-from localspec.serve.scheduler import (
-    Failed,
-    Finished,
-    Job,
-    QueueFull,
-    Scheduler,
-    Text,
-    Unavailable,
-)
+from localspec.serve.scheduler import Scheduler
 from localspec.serve.tools import ToolPlan, chat_prompt
 
 log = logging.getLogger("localspec.serve")
@@ -265,11 +257,12 @@ class _Api:
         if not self.settings.log_generations:
             return
         target = self.settings.target_path or str(self.target.path)
-        spec = self.scheduler.cfg.spec
+        spec, draft = self.scheduler.cfg.spec, self.scheduler.draft
+        draft_path = str(draft.path) if draft is not None else None
 
         def write() -> None:
             try:
-                logdb.log_generation("serve", stats, target=target, draft=None, spec=spec,
+                logdb.log_generation("serve", stats, target=target, draft=draft_path, spec=spec,
                                      sampling=job.sampling, prompt_text=prompt_text, output_text=output)
             except Exception:
                 log.debug("acceptance log failed", exc_info=True)

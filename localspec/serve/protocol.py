@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails, from_json
 
+from localspec.core.backend import JSON_GBNF, json_schema_grammar
 from localspec.core.engine import GenerationStats
-from localspec.core.toolcalls import ToolChoice, ToolChoiceError, resolve_tool_choice
 from localspec.core.errors import GrammarError
-from localspec.core.grammar import JSON_GBNF, json_schema_grammar
+from localspec.core.toolcalls import ToolChoice, ToolChoiceError, resolve_tool_choice
 from localspec.serve import schema
 
 BodyT = TypeVar("BodyT", bound=schema.CommonBody)

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from localspec.core.backend import Model
-from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.config import SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
 from localspec.core.drafters.model import DraftBatch
-from localspec.core.engine import GenerationStats, Round, Token
-from localspec.core.events import TokenLogprob
+from localspec.core.engine import Round, Token
 from localspec.core.runtime import make_drafter
+from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.metrics import Metrics
 from localspec.serve.sequence import SeqState
 
@@ -53,60 +53,6 @@ class SchedulerConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
     spec_disable_by_batch_size: int | None = None  # None or < 0: never disable
     prefill_chunk: int = 256
-
-
-# ----- what a job's sink receives -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Text:
-    """New text for the client (may span several accepted tokens), and those tokens'
-    logprobs when the request asked for them (GenerationConfig.logprobs)."""
-
-    text: str
-    n_tokens: int
-    logprobs: tuple[TokenLogprob, ...] = ()
-
-
-@dataclass(frozen=True)
-class Finished:
-    stats: GenerationStats
-    text: str  # held-back text released at the end
-
-
-@dataclass(frozen=True)
-class Failed:
-    message: str
-    status: int = 500
-
-
-class QueueFull(Exception):
-    """Every slot is busy and the wait queue is full (HTTP 429)."""
-
-
-class Unavailable(Exception):
-    """The scheduler is stopping or has died (HTTP 503)."""
-
-
-@dataclass
-class Job:
-    prompt: list[int]
-    sampling: SamplingConfig
-    gen: GenerationConfig
-    sink: Callable[[object], None]  # called from the scheduler thread
-    extra: list[int] = field(default_factory=list)  # a second n-gram source (predicted output)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    t_submit: float = field(default_factory=time.perf_counter)
-
-    def cancel(self) -> None:
-        """Thread-safe: the scheduler frees the job's slot at its next step."""
-        self.cancelled.set()
-
-    def emit(self, event: object) -> None:
-        try:
-            self.sink(event)
-        except Exception:  # noqa: BLE001 - the receiver is gone (event loop closed): stop generating
-            self.cancel()
 
 
 @dataclass

@@ -1,7 +1,5 @@
-"""Structured output: llama.cpp's grammar sampler (GBNF), and JSON schema -> GBNF.
-
-The second module that imports llama_cpp (backend.py is the first): the grammar sampler
-and llama-cpp-python's JSON-schema converter. The engine asks a Grammar which tokens may
+"""Structured output: llama.cpp's grammar sampler (GBNF), and JSON schema -> GBNF
+(validated with jsonschema, converted by llama-cpp-python's converter). The engine asks a Grammar which tokens may
 come next and tells it which token was accepted; everything else (which token is chosen,
 how speculation stays lossless) is the engine's.
 """
@@ -12,12 +10,13 @@ import ctypes
 import json
 from collections.abc import Sequence
 
-import llama_cpp as _ll
 import numpy as np
-from llama_cpp import llama_grammar as _lg
 
-from localspec.core.backend import Model, captured
+from localspec.core.backend.ggml import Owned, _ll, captured
+from localspec.core.backend.model import Model
 from localspec.core.errors import GrammarError
+
+_lg = _ll.llama_grammar  # llama-cpp-python's GBNF rules and JSON-schema converter
 
 JSON_GBNF = _lg.JSON_GBNF  # {"type": "json_object"}: any JSON object
 
@@ -40,7 +39,7 @@ def _reason(said: list[str]) -> str:
     return "; ".join(dict.fromkeys(lines)) or "llama.cpp rejected it"
 
 
-class Grammar:
+class Grammar(Owned):
     """llama.cpp's grammar sampler for one generation, over `model`'s vocabulary.
 
     allowed(ids) / allows(token) ask which candidates the grammar lets come next (one C
@@ -122,18 +121,6 @@ class Grammar:
         if getattr(self, "_smpl", None):
             _ll.llama_sampler_free(self._smpl)
             self._smpl = None
-
-    def __enter__(self) -> Grammar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: llama_cpp may be gone
-            pass
 
 
 def check_grammar(model: Model, text: str) -> None:

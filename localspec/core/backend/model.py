@@ -1,10 +1,9 @@
-"""Models on llama.cpp (with core/ggml.py, the only modules that import llama_cpp).
+"""Models on llama.cpp: one GGUF with its context and KV sequences.
 
-Loads a GGUF (with GPU offload when the build has it, layers on RPC workers when given
---rpc, and the AMX workaround on CPUs
-where llama.cpp's AMX path crashes), tokenizes, applies the chat template, decodes
-batches asking logits only for the rows the caller needs (numpy views, no copies of
-150k-float Python lists), and rewinds the KV cache.
+Loads a GGUF (layers placed by placement.py: GPU offload when the build has it, RPC
+workers when given --rpc; the AMX workaround on CPUs where llama.cpp's AMX path crashes),
+tokenizes, applies the chat template, decodes batches asking logits only for the rows the
+caller needs (numpy views, no copies of 150k-float Python lists), and rewinds the KV cache.
 """
 
 from __future__ import annotations
@@ -14,71 +13,23 @@ import ctypes
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from localspec.core import rpc
-from localspec.core.config import ModelConfig
-from localspec.core.errors import BackendError, ContextFull, UsageError
-from localspec.core.ggml import (  # noqa: F401  (some re-exported: doctor, profile)
+from localspec.core.backend.ggml import (
+    Owned,
     _ll,  # llama_cpp, imported there with a one-line error when it is missing
-    backends,
-    captured,
     default_threads,
-    device_name,
-    devices,
-    ggml_build,
     has_amx,
     init_backend,
     is_verbose,
-    llama_cpp_version,
-    max_devices,
-    offload_handles,
     set_verbose,
-    supports_gpu_offload,
-    system_info,
 )
-
-_init_backend = init_backend
-
-
-@dataclass(frozen=True)
-class LoadInfo:
-    """What a loaded model ended up as, for `doctor` and the logs."""
-
-    n_gpu_layers: int
-    amx_workaround: bool
-    n_threads: int
-    offload: tuple[str, ...] = ()  # devices offloaded layers go to, in order (RPC0, CUDA0, ...)
-    rpc: tuple[str, ...] = ()  # the --rpc workers (HOST:PORT) among them
-
-
-def _placement(cfg: ModelConfig, mparams: object) -> tuple[int, tuple[str, ...], list]:
-    """Where the layers go: -ngl of them on the offload devices (the --rpc workers'
-    first, as llama.cpp orders them, then local GPUs), shared out by --tensor-split; the
-    rest on the CPU. Sets mparams; returns (n_gpu_layers, device names, the ctypes arrays
-    to keep alive through the load)."""
-    remote = rpc.attach(cfg.rpc) if cfg.rpc else []
-    devs = [*remote, *offload_handles()]
-    names = tuple(device_name(d) for d in devs)
-    if len(cfg.tensor_split) > len(devs):
-        raise UsageError(
-            f"--tensor-split has {len(cfg.tensor_split)} entries, but {len(devs)} devices take "
-            f"offloaded layers here ({', '.join(names) or 'none: no GPU and no --rpc'})")
-    n_gpu = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else (999 if devs else 0)
-    mparams.n_gpu_layers = n_gpu
-    keep: list = []
-    if remote:  # workers are not registered ggml devices: llama.cpp gets the list itself
-        arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
-        mparams.devices = ctypes.cast(arr, ctypes.c_void_p)
-        keep.append(arr)
-    if cfg.tensor_split:
-        split = (ctypes.c_float * max_devices())(*cfg.tensor_split)
-        mparams.tensor_split = split
-        keep.append(split)
-    return n_gpu, names if n_gpu else (), keep
+from localspec.core.backend.placement import LoadInfo, placement
+from localspec.core.backend.prefix import PrefixCache
+from localspec.core.config import ModelConfig
+from localspec.core.errors import BackendError, ContextFull
 
 
 class Detokenizer:
@@ -96,33 +47,7 @@ class Detokenizer:
         return self.decoder.decode(b"", final=True)
 
 
-class PrefixCache:
-    """Prefix reuse for anything that keeps `cached` (what its KV cache holds) and has
-    `rewind(n_past)` and `decode(tokens, "last")`: Model, and the tests' fake model, so
-    the engine tests run this code rather than a copy of it."""
-
-    cached: list[int]
-
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.cached, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    def prefill(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
-        """Make the cache hold exactly `tokens`, reusing the shared prefix.
-
-        Returns (logits row after the last token, number of tokens actually decoded).
-        The last token is always decoded so its logits exist.
-        """
-        keep = min(self.common_prefix(tokens), len(tokens) - 1)
-        self.rewind(keep)
-        return self.decode(tokens[keep:], "last")[0], len(tokens) - keep
-
-
-class Model(PrefixCache):
+class Model(PrefixCache, Owned):
     """One GGUF with its own context (KV cache) for sequence 0 (or n_seq_max sequences).
 
     `cached` mirrors what sequence 0's KV cache holds, so a new prompt that shares a
@@ -130,13 +55,13 @@ class Model(PrefixCache):
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
-        _init_backend()
+        init_backend()
         set_verbose(cfg.verbose or is_verbose())
         self.cfg = cfg
         self.path = Path(cfg.path)
         self.name = self.path.name
         mparams = _ll.llama_model_default_params()
-        n_gpu, offload, keep_alive = _placement(cfg, mparams)
+        n_gpu, offload, keep_alive = placement(cfg, mparams)
         amx = has_amx()
         if amx:
             # extra buffer types = AMX repacking, the path that crashes on batches
@@ -186,7 +111,7 @@ class Model(PrefixCache):
 
     @property
     def llama_vocab(self) -> object:
-        """llama.cpp's vocabulary handle (for core/grammar.py's grammar sampler)."""
+        """llama.cpp's vocabulary handle (for grammar.py's grammar sampler)."""
         return self._vocab
 
     @property
@@ -437,18 +362,6 @@ class Model(PrefixCache):
             _ll.llama_free(self._ctx)
             _ll.llama_model_free(self._model)
             self._ctx = None
-
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _u8(data: bytearray) -> ctypes.Array:

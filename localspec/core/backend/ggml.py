@@ -1,7 +1,6 @@
 """llama.cpp's runtime below the model: the library handle and its log, system and CPU
-facts (AMX), ggml devices, and the ggml RPC backend. The second module that touches
-llama_cpp (backend.py loads and runs models; this one holds what llama-cpp-python does
-not bind).
+facts (AMX), ggml devices, and the ggml RPC backend (what llama-cpp-python does not bind;
+model.py loads and runs models).
 
 llama-cpp-python 0.3.36 binds no ggml_backend_* function: they are read through
 libllama's handle (dlsym on it also finds the ggml libraries it links). The RPC entry
@@ -19,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
+from typing import TypeVar
 
 from localspec.core.errors import BackendError
 
@@ -63,6 +63,29 @@ def captured() -> Iterator[list[str]]:
             os.close(saved)
             tmp.seek(0)
             out.insert(0, tmp.read().decode("utf-8", errors="replace"))
+
+
+_O = TypeVar("_O", bound="Owned")
+
+
+class Owned:
+    """Something llama.cpp allocated for this process: close() frees it (once), and so do
+    leaving a `with` block and garbage collection."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _O) -> _O:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown: llama_cpp may be gone
+            pass
 
 
 def set_verbose(verbose: bool) -> None:

@@ -1,0 +1,63 @@
+"""What the HTTP side hands the scheduler (Job) and what a job's sink receives (Text,
+Finished, Failed); QueueFull and Unavailable, what submit() raises (HTTP 429, 503)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from localspec.core.config import GenerationConfig, SamplingConfig
+from localspec.core.events import GenerationStats, TokenLogprob
+
+
+@dataclass(frozen=True)
+class Text:
+    """New text for the client (may span several accepted tokens), and those tokens'
+    logprobs when the request asked for them (GenerationConfig.logprobs)."""
+
+    text: str
+    n_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finished:
+    stats: GenerationStats
+    text: str  # held-back text released at the end
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    status: int = 500
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the wait queue is full (HTTP 429)."""
+
+
+class Unavailable(Exception):
+    """The scheduler is stopping or has died (HTTP 503)."""
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    sampling: SamplingConfig
+    gen: GenerationConfig
+    sink: Callable[[object], None]  # called from the scheduler thread
+    extra: list[int] = field(default_factory=list)  # a second n-gram source (predicted output)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    t_submit: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> None:
+        """Thread-safe: the scheduler frees the job's slot at its next step."""
+        self.cancelled.set()
+
+    def emit(self, event: object) -> None:
+        try:
+            self.sink(event)
+        except Exception:  # noqa: BLE001 - the receiver is gone (event loop closed): stop generating
+            self.cancel()
