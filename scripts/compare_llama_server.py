@@ -306,7 +306,7 @@ def main() -> None:
     ap.add_argument("--llama-server", default=None, metavar="PATH")
     ap.add_argument("--build", action="store_true", help="build llama-server first (see the docstring)")
     ap.add_argument("--model", "-m", default=None, help="target [default: the manifest's default]")
-    ap.add_argument("--tasks", default="edit,heldout", help="edit, heldout or both")
+    ap.add_argument("--tasks", default="edit,heldout", help="comma-separated: edit (built-in), heldout (scripts/heldout), or both")
     ap.add_argument("--only", type=int, default=0, help="the first N workloads only")
     ap.add_argument("-n", "--n-predict", type=int, default=0,
                     help="token limit per generation [default: enough for the file]")
