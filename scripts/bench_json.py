@@ -10,7 +10,7 @@ plain constrained decoding, acceptance, and what the grammar itself costs per to
 (time inside the Grammar calls, from wrapped methods).
 
     python scripts/bench_json.py [--model qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
-                                 [-n 192] [--repeats 1] [--modes none,ngram,model]
+                                 [-n 192] [--repeats 1] [--modes none,ngram,model,auto]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from localspec.core.config import (
 )
 from localspec.core.drafters import NgramDrafter, NoDrafter
 from localspec.core.drafters.model import ModelDrafter
+from localspec.core.runtime import make_drafter
 from localspec.core.engine import collect, generate
 from localspec.core.runtime import chat_prompt
 
@@ -90,12 +91,16 @@ class GrammarClock:
         self.calls.clear()
 
 
-def drafter_for(mode: str, draft: Model | None):
+def drafter_for(mode: str, draft: Model | None, target: Model, spec: SpecConfig):
     if mode == "none":
         return NoDrafter()
     if mode == "ngram":
         return NgramDrafter(1, 4)
-    return ModelDrafter(draft, SamplingConfig(temperature=0.0), p_min=0.5)
+    if mode == "auto":  # as `localspec run` builds it: this machine's profile, stored on-line costs
+        return make_drafter(spec, SamplingConfig(temperature=0.0), draft, target=target)
+    if mode == "model":
+        return ModelDrafter(draft, SamplingConfig(temperature=0.0), p_min=0.5)
+    raise SystemExit(f"unknown mode {mode!r}: none, ngram, model or auto")
 
 
 def run_one(target: Model, draft: Model | None, mode: str, prompt: list[int], gbnf: str, n: int):
@@ -103,9 +108,10 @@ def run_one(target: Model, draft: Model | None, mode: str, prompt: list[int], gb
         if m is not None:
             m.rewind(0)  # every mode prefills from an empty cache
     spec = SpecConfig(mode=mode, draft_max=16)
-    return collect(generate(target, prompt, drafter_for(mode, draft), spec=spec,
-                            gen=GenerationConfig(max_tokens=n, grammar=gbnf),
-                            draft_model=draft if mode == "model" else None))
+    uses_draft = mode in ("model", "auto")
+    return collect(generate(target, prompt, drafter_for(mode, draft if uses_draft else None, target, spec),
+                            spec=spec, gen=GenerationConfig(max_tokens=n, grammar=gbnf),
+                            draft_model=draft if uses_draft else None))
 
 
 def main() -> None:
@@ -120,7 +126,7 @@ def main() -> None:
     modes = args.modes.split(",")
     load = lambda name: Model(ModelConfig(path=str(models.resolve(name)), n_ctx=4096, n_threads=args.threads))
     target = load(args.model)
-    draft = load(args.draft) if "model" in modes else None
+    draft = load(args.draft) if {"model", "auto"} & set(modes) else None
     clock = GrammarClock()
     totals = {m: defaultdict(float) for m in modes}
     for rep in range(args.repeats):
