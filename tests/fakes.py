@@ -12,13 +12,12 @@ llama.cpp's cache can.
 
 from __future__ import annotations
 
-import codecs
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from localspec.core.backend import PrefixCache
+from localspec.core.backend import Detokenizer, PrefixCache
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.errors import ContextFull
 
@@ -92,21 +91,6 @@ def onehot_logits(nxt: int, n_vocab: int) -> np.ndarray:
     return row
 
 
-class FakeDetokenizer:
-    """Same contract as backend.Detokenizer: add(token) -> text, flush() -> text, with
-    split multi-byte UTF-8 characters held back."""
-
-    def __init__(self, model: FakeModel) -> None:
-        self.model = model
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def add(self, token: int) -> str:
-        return self.decoder.decode(self.model.token_piece(token))
-
-    def flush(self) -> str:
-        return self.decoder.decode(b"", final=True)
-
-
 class Interrupted(Exception):
     """Raised by FakeModel.decode to simulate Ctrl-C in the middle of llama_decode."""
 
@@ -160,8 +144,8 @@ class FakeModel(PrefixCache):
     def token_piece(self, token: int) -> bytes:
         return self.texts.get(token, token_text(token).encode())
 
-    def detokenizer(self) -> FakeDetokenizer:
-        return FakeDetokenizer(self)
+    def detokenizer(self) -> Detokenizer:
+        return Detokenizer(self)  # the real one: it needs only token_piece()
 
     # --- decoding ----------------------------------------------------------------
 
