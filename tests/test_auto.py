@@ -431,3 +431,16 @@ def test_run_model_follows_a_run_once_however_often_it_is_offered():
     assert len(runs.tracks) == 1 and age == 50  # one run, 50 tokens old: not 50 runs of age 1
     # counted once per position, a bin's older counts decayed once per run entering it
     assert runs.reached.sum() > 45
+
+
+def test_a_loss_beyond_the_budget_raises_the_bar_until_plain_rounds_pay_it_back():
+    # V(n) = 1 + 0.5 (n - 1): one token drafted at 0.7 acceptance promises 1.7 tokens for
+    # V(2) = 1.5, 13% over plain: worth it at the 5% margin
+    auto = AutoDrafter(NgramDrafter(1, 4), None, _profile(0.5), k_max=2, learn_costs=True)
+    assert auto.deficit() == 0.0 and auto.choose([0.7, 0.7], 0.0)[0] > 0
+    auto.produced, auto.lost = 100, 1.5 + 1.0 + 20.0  # 20 one-token times lost beyond the budget
+    assert auto.deficit() == pytest.approx(0.2)
+    assert auto.choose([0.7, 0.7], 0.0)[0] == 0  # a 13% promise no longer clears 5% + 20%
+    assert auto.choose([0.95, 0.95], 0.0)[0] == 2  # a sure bet still does (1.43x)
+    auto.produced = 1500  # plain rounds since: the loss is within 1.5% + 1 of what was produced
+    assert auto.deficit() == 0.0 and auto.choose([0.7, 0.7], 0.0)[0] > 0

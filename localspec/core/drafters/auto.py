@@ -17,6 +17,10 @@ a size tried once is measured. Well-accepted long copies are free to try
 drafts in its first rounds, while a prose reply risks at most a percent or two before
 the measurements say whether short drafts pay on this machine. What a run measured is
 handed to `store` at the end (the profile keeps it: the next run starts informed).
+The same measured loss guards measured sizes too: once drafting has lost more than the
+budget, every draft must promise that share more than the margin (`deficit`) until
+plain rounds have paid the loss back, so optimistic acceptance estimates on a text
+cannot keep auto behind plain decoding.
 
 n-gram acceptance comes from runs.py (by how long the copied run has held, learned in
 hindsight from every candidate, drafted or not); the draft model's from its own drafts
@@ -190,8 +194,17 @@ class AutoDrafter(DrafterBase):
             if self._affordable(k + 1, e, c, best[2]):
                 best = (k, e, rate)
                 break
-        worth = best[2] >= (1.0 + MARGIN) / self.cost.v(1) and best[1] >= 1.0 + MIN_EXTRA
+        worth = best[2] >= (1.0 + MARGIN + self.deficit()) / self.cost.v(1) and best[1] >= 1.0 + MIN_EXTRA
         return best if worth else plain
+
+    def deficit(self) -> float:
+        """What drafting has lost to plain decoding beyond the budget, as a share of plain
+        decoding's time for what was produced (0 when within it). While it is positive the
+        estimates have proven optimistic on this text, and a draft must promise that much
+        more: auto drafts only its surest bets until plain rounds have paid the loss back."""
+        if not self.cost.learn or not self.produced:
+            return 0.0
+        return max(0.0, self.lost - BUDGET * self.produced - BUDGET_FREE) / self.produced
 
     def _affordable(self, n: int, expected: float, c: float, best_rate: float) -> bool:
         """Whether trying unmeasured size n fits both budgets at its worst case: what
