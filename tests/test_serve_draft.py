@@ -378,11 +378,10 @@ def test_the_near_tie_allowance_rejects_a_real_divergence(target):
 
 
 def _cli_pair(model: str, draft: str, home, prompts: list, n: int, *extra: str,
-              ignore_eos: bool = True, threads: int = 1) -> tuple[list[str], list[str], str, dict]:
+              ignore_eos: bool = True) -> tuple[list[str], list[str], str, dict]:
     """Each prompt alone with --spec none, then all together on a server with `--draft
     draft *extra`: (alone, together, its /metrics, its /health)."""
-    args = ("--parallel", str(SLOTS), "-c", str(SLOTS * 512), "--no-log", "--spec-disable-by-batch-size", "-1",
-            "-t", str(threads))
+    args = ("--parallel", str(SLOTS), "-c", str(SLOTS * 512), "--no-log", "--spec-disable-by-batch-size", "-1")
     proc, base = start_server(model, home, *args, "--spec", "none")
     try:
         solo = _alone(base, prompts, n, ignore_eos)
@@ -414,8 +413,7 @@ def test_serve_draft_auto_with_the_default_pair(qwen_target, target_path, tmp_pa
     n = 24
     prompts = [chat_prompt(qwen_target, p) for p in PROMPTS]
     solo, together, text, health = _cli_pair(target_path, "auto", tmp_path / "home", prompts, n,
-                                             "--spec", "model", ignore_eos=False,
-                                             threads=2)  # both cores: this process only waits
+                                             "--spec", "model", ignore_eos=False)
     assert "0.5b" in health["draft"].lower()
     for prompt, alone, got in zip(prompts, solo, together):
         _same_or_near_tie(qwen_target, prompt, alone, got, n)
