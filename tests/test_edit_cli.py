@@ -30,7 +30,9 @@ from localspec.cli import cli
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "localspec" / "workloads" / "edit"
 SMALL = "def add(a, b):\n    return a + b\n"
-# the one edit SmolLM2 makes of SMALL (checked greedy): "return a - b"
+# the one edit SmolLM2 makes of SMALL (checked greedy): "return a - b". Its runs use one
+# thread (-t 1): on 2 cores another process's load stalls llama.cpp's two threads on each
+# other (a SmolLM2 edit: 2.9 s with -t 1, 10.6 s with -t 2 beside one busy process)
 SMOL_EDIT = "Change the plus sign to a minus sign."
 
 
@@ -226,7 +228,7 @@ def test_crlf_mode_and_no_final_newline_kept(tmp_path, smol_path):
     p = tmp_path / "tool.py"
     p.write_bytes(SMALL.rstrip("\n").replace("\n", "\r\n").encode())  # CRLF, no final newline
     p.chmod(0o751)
-    result = edit_cli(str(p), "-i", SMOL_EDIT, "-m", smol_path, "-y")
+    result = edit_cli(str(p), "-i", SMOL_EDIT, "-m", smol_path, "-t", "1", "-y")
     assert result.exit_code == 0, result.output
     data = p.read_bytes()
     assert b"a - b" in data and b"a + b" not in data
@@ -237,7 +239,7 @@ def test_crlf_mode_and_no_final_newline_kept(tmp_path, smol_path):
 
 
 def test_filter_mode_through_a_real_pipe(smol_path):
-    proc = edit_proc("-", "-m", smol_path, "-q", "-i", SMOL_EDIT, input=SMALL.encode())
+    proc = edit_proc("-", "-m", smol_path, "-t", "1", "-q", "-i", SMOL_EDIT, input=SMALL.encode())
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     out = proc.stdout.decode()
     assert "return a - b" in out and out.endswith("\n") and not out.endswith("\n\n")
@@ -252,7 +254,7 @@ def test_sigkill_at_random_moments_leaves_old_or_new(tmp_path, smol_path):
     work.mkdir()
     p = work / "small.py"
     cmd = [sys.executable, "-m", "localspec", "edit", "--no-log", str(p), "-y", "-q",
-           "-m", smol_path, "-i", SMOL_EDIT]
+           "-m", smol_path, "-t", "1", "-i", SMOL_EDIT]
     p.write_text(SMALL)
     t0 = time.monotonic()
     subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=600, check=True)
