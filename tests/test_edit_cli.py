@@ -108,7 +108,7 @@ def test_truncated_generation_writes_nothing(tmp_path, smol_path):
     p = tmp_path / "small.py"
     p.write_text(SMALL)
     before = p.stat().st_mtime_ns
-    result = edit_cli(str(p), "-i", "rename add to plus", "-m", smol_path, "-n", "3", "-y")
+    result = edit_cli(str(p), "-i", "rename add to plus", "-m", smol_path, "-t", "1", "-n", "3", "-y")
     assert result.exit_code == 1, result.output
     assert "nothing written" in result.output
     assert p.read_text() == SMALL and p.stat().st_mtime_ns == before
@@ -120,7 +120,7 @@ def test_no_changes_leaves_file_untouched(tmp_path, smol_path):
     p = tmp_path / "small.py"
     p.write_text(SMALL)
     before = p.stat().st_mtime_ns
-    result = edit_cli(str(p), "-i", "Keep the code exactly as it is.", "-m", smol_path, "-y")
+    result = edit_cli(str(p), "-i", "Keep the code exactly as it is.", "-m", smol_path, "-t", "1", "-y")
     assert result.exit_code == 0, result.output
     assert "no changes" in result.output
     assert p.stat().st_mtime_ns == before
@@ -133,7 +133,7 @@ def test_output_elsewhere_keeps_the_input(tmp_path, smol_path):
     out = tmp_path / "out" / "copy.py"
     out.parent.mkdir()
     result = edit_cli(str(p), "-o", str(out), "-i", "Keep the code exactly as it is.",
-                      "-m", smol_path)
+                      "-m", smol_path, "-t", "1")
     assert result.exit_code == 0, result.output
     assert p.read_text() == SMALL and out.read_text() == SMALL  # "no changes", still written
     assert stat.S_IMODE(out.stat().st_mode) == 0o750
