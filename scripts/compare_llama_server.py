@@ -40,7 +40,6 @@ import math
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ from rich.console import Console
 from rich.table import Table
 
 from localspec.bench import workloads as wl
+from localspec.bench.workers import free_port
 from localspec.commands.edit import configs_for
 from localspec.core import backend
 from localspec.core.config import GenerationConfig
@@ -145,12 +145,6 @@ class Gen:
     drafted: int = 0
     accepted: int = 0
     text: str = ""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from localspec import models
+from localspec.bench.workers import free_port
 from localspec.core.backend import Model
 from localspec.core.chat_template import (
     CHATML,
@@ -70,12 +70,6 @@ CASES: dict[str, dict] = {
     "tool_round_answered": {"messages": [ASK, CALL, RESULT, {"role": "assistant", "content": "18 °C, clear."},
                                          {"role": "user", "content": "Thanks"}], "tools": [WEATHER]},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,14 +20,10 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
+from localspec.bench.workers import free_port  # noqa: E402
+
 API_KEY = "test-key-123"
 N = 24  # max_tokens for most requests
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(base: str, key: str | None = API_KEY) -> httpx.Client:

@@ -17,7 +17,7 @@ import time
 
 import httpx
 import pytest
-from test_serve import free_port
+from localspec.bench.workers import free_port
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -58,11 +58,17 @@ def model(smol_path):
 
 
 class Server:
-    """The app on uvicorn in a background thread (no signal handlers off the main thread)."""
+    """The app on uvicorn in a background thread (no signal handlers off the main thread),
+    with a draft model for its slots when given one (test_serve_draft.py)."""
 
-    def __init__(self, model: Model, drafter_factory=None, settings: ServeSettings | None = None, **cfg) -> None:
+    client_timeout = 120  # seconds a request may take
+    idle_timeout = 15  # seconds wait_idle() waits for every slot to be free
+
+    def __init__(self, model: Model, drafter_factory=None, settings: ServeSettings | None = None,
+                 draft: Model | None = None, **cfg) -> None:
         spec = cfg.pop("spec", SpecConfig(mode="ngram", draft_max=8))
-        self.scheduler = Scheduler(model, SchedulerConfig(spec=spec, **cfg), drafter_factory=drafter_factory)
+        self.scheduler = Scheduler(model, SchedulerConfig(spec=spec, **cfg), drafter_factory=drafter_factory,
+                                   draft=draft)
         settings = settings or ServeSettings(model_id="smol", log_generations=False, max_tokens_limit=512)
         app = create_app(self.scheduler, model, settings)
         self.port = free_port()
@@ -84,18 +90,23 @@ class Server:
         self.thread.join(30)
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=120,
-                             http_client=httpx.Client(trust_env=False, timeout=120))
+        t = self.client_timeout
+        return openai.OpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=t,
+                             http_client=httpx.Client(trust_env=False, timeout=t))
 
     def async_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=120,
-                                  http_client=httpx.AsyncClient(trust_env=False, timeout=120))
+        t = self.client_timeout
+        return openai.AsyncOpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=t,
+                                  http_client=httpx.AsyncClient(trust_env=False, timeout=t))
 
     def health(self) -> dict:
         return httpx.get(f"{self.base}/health", trust_env=False).json()
 
-    def wait_idle(self, timeout: float = 15) -> dict:
-        deadline = time.monotonic() + timeout
+    def metrics(self) -> str:
+        return httpx.get(f"{self.base}/metrics", trust_env=False).text
+
+    def wait_idle(self, timeout: float | None = None) -> dict:
+        deadline = time.monotonic() + (self.idle_timeout if timeout is None else timeout)
         while time.monotonic() < deadline:
             h = self.health()
             if h["active"] == 0 and h["queued"] == 0:

@@ -13,7 +13,6 @@ import asyncio
 import os
 import re
 import sqlite3
-import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -21,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 from test_real_models import NEAR_TIE, plain_greedy
-from test_serve import free_port, start_server, stop_server
+from test_serve import start_server, stop_server
+from test_serve_concurrency import Server as ThreadedServer
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -34,9 +34,8 @@ from localspec.core.drafters.model import DraftBatch, ModelDrafter
 from localspec.core.errors import BackendError
 from localspec.core.runtime import chat_prompt, setup_of
 from localspec.models.profile import Profile, save_profile
-from localspec.serve.app import ServeSettings, create_app
+from localspec.serve.app import ServeSettings
 from localspec.serve.policy import threshold_from_vcurve
-from localspec.serve.scheduler import Scheduler, SchedulerConfig
 
 SLOTS = 4
 PROMPTS = [
@@ -68,48 +67,16 @@ def draft(smol_path):
     m.close()
 
 
-class Server:
+class Server(ThreadedServer):
     """The app on uvicorn in a background thread, with the draft model for its slots."""
+
+    client_timeout = 300  # the 1.5B pair's requests too
+    idle_timeout = 30
 
     def __init__(self, target: Model, draft: Model | None, spec: SpecConfig, rule: int = -1,
                  log: bool = False) -> None:
-        cfg = SchedulerConfig(n_slots=SLOTS, spec=spec, spec_disable_by_batch_size=rule)
-        self.scheduler = Scheduler(target, cfg, draft=draft)
-        settings = ServeSettings(model_id="smol", log_generations=log, max_tokens_limit=512)
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.scheduler, target, settings),
-                                                    host="127.0.0.1", port=self.port,
-                                                    log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=300,
-                             http_client=httpx.Client(trust_env=False, timeout=300))
-
-    def metrics(self) -> str:
-        return httpx.get(f"{self.base}/metrics", trust_env=False).text
-
-    def wait_idle(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            h = httpx.get(f"{self.base}/health", trust_env=False).json()
-            if h["active"] == 0 and h["queued"] == 0:
-                return
-            time.sleep(0.05)
-        raise AssertionError("slots still busy")
+        super().__init__(target, draft=draft, spec=spec, n_slots=SLOTS, spec_disable_by_batch_size=rule,
+                         settings=ServeSettings(model_id="smol", log_generations=log, max_tokens_limit=512))
 
 
 def _messages(p: str) -> list[dict]:
