@@ -80,10 +80,14 @@ class AcceptModel:
             self.reached[i] += 1.0
             self.accepted[i] += accepted
 
-    def observe(self, n_draft: int, n_accept: int) -> None:
-        """One verified draft: n_accept of its n_draft tokens accepted."""
+    def observe(self, n_draft: int, n_accept: int, planned: int | None = None) -> None:
+        """One verified draft: n_accept of its n_draft tokens accepted. A draft that
+        stopped short of the `planned` length (the draft model unsure of its next token)
+        gained nothing beyond where it stopped: that position counts as not accepted, or
+        drafts that stop early but are always right would promise long runs."""
         self.decay()
-        for i in range(min(n_draft, n_accept + 1)):
+        reach = n_draft if planned is None else max(n_draft, min(planned, n_accept + 1))
+        for i in range(min(reach, n_accept + 1)):
             self.count(i, i < n_accept)
 
 
@@ -123,7 +127,7 @@ class AutoDrafter(DrafterBase):
         self._last = ("none", 0, 1.0, False)  # (source, k, expected tokens, probe)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self.runs.reset(len(prompt))
+        self.runs.reset(len(prompt), copying=self.ngram.copying)
         self.ngram.begin(prompt)
         if self.model is not None:
             self.model.begin(prompt)
@@ -230,7 +234,7 @@ class AutoDrafter(DrafterBase):
         return self._model_pays
 
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
-        source, _, expected, probe = self._last
+        source, planned, expected, probe = self._last
         t1 = self.cost.t1()
         self.cost.observe_verify(n_draft + 1, verify_s)
         if n_draft and t1:  # what this round cost beyond plain decoding of the same tokens
@@ -240,7 +244,7 @@ class AutoDrafter(DrafterBase):
                 self.tried += spent - (n_accept + 1) / self._best_known
         self.produced += n_accept + 1
         if source == "model" and n_draft:  # n-gram acceptance is learned in hindsight (runs.py)
-            self.model_acc.observe(n_draft, n_accept)
+            self.model_acc.observe(n_draft, n_accept, planned)
             self.cost.observe_draft(n_draft, draft_s)
         row = self.choices.setdefault((source, n_draft, probe), [0, 0.0, 0.0])
         row[0] += 1

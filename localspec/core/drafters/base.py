@@ -55,6 +55,8 @@ def constrain(drafter: Drafter, grammar: object | None) -> None:
 class DrafterBase:
     """No-op feedback hooks for drafters that do not learn, and no grammar."""
 
+    copying = False  # n-gram drafters: whether a text to copy was given (see NgramDrafter)
+
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
         pass
 

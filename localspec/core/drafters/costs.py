@@ -117,8 +117,15 @@ class CostModel:
         return self._median[n] if len(self.times.get(n, ())) >= max(min_seen, 1) else None
 
     def t1(self) -> float | None:
-        """Seconds per one-token decode in this run (None until measured)."""
-        return self.seconds(1, STEADY)
+        """Seconds per one-token decode in this run: measured, or where plain rounds are
+        rare (every round drafts), inferred from sizes verified STEADY times whose V the
+        profile knows well (tune or STEADY rounds of earlier runs); None until then."""
+        own = self.seconds(1, STEADY)
+        if own is not None or not self.learn:
+            return own
+        guesses = [self._median[n] / self.prior[n - 1] for n, t in self.times.items()
+                   if n > 1 and len(t) >= STEADY and self.prior_level[n] == 2]
+        return statistics.median(guesses) if guesses else None
 
     def _table(self, i: int, n: int) -> float:
         if self._tables is None:

@@ -48,6 +48,11 @@ class NgramDrafter(DrafterBase):
         self.extra.extend(extra)
         self.ctx = _Index(self.sizes)
 
+    @property
+    def copying(self) -> bool:
+        """Whether a text to copy was given (`extra`: an edit's file, a `prediction`)."""
+        return bool(self.extra.tokens)
+
     def begin(self, prompt: Sequence[int]) -> None:
         self.ctx = _Index(self.sizes)
         self.ctx.extend(prompt)

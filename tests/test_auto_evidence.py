@@ -1,0 +1,74 @@
+"""What the auto policy learns from: a draft model's early stops, a copy source's prior,
+and the one-token time where every round drafts (pure logic, no models)."""
+
+from __future__ import annotations
+
+from localspec.core.drafters.auto import AcceptModel, AutoDrafter, expected_tokens
+from localspec.core.drafters.costs import CostModel
+from localspec.core.drafters.ngram import NgramDrafter
+from localspec.core.drafters.runs import COPY_PRIOR, PRIOR, RunModel
+from localspec.models.profile import Profile
+
+
+def _profile(v: list[float]) -> Profile:
+    return Profile(key="k", target="t", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                   t_token_s=0.1, vcurve=v, prefill_tok_s=100.0)
+
+
+def test_a_draft_that_stops_early_promises_no_more_than_it_gave():
+    # a draft model that is always right but stops after 2 tokens (unsure of the third)
+    # when 8 were planned: a round yields 3 tokens, whatever the plan
+    acc = AcceptModel(prior=0.6, n_max=16)
+    for _ in range(60):
+        acc.observe(2, 2, planned=8)
+    assert expected_tokens(acc.rates(8)) < 3.5
+    # without the plan (or with a plan it met) the evidence says nothing about position 3
+    blind = AcceptModel(prior=0.6, n_max=16)
+    for _ in range(60):
+        blind.observe(2, 2)
+    assert expected_tokens(blind.rates(8)) > 5
+
+
+def test_a_draft_that_stops_where_planned_is_not_counted_as_stopped():
+    acc = AcceptModel(prior=0.6, n_max=16)
+    for _ in range(60):
+        acc.observe(4, 4, planned=4)
+    assert min(acc.rates(5)) > 0.9  # a plan met: position 4 was never reached, not refused
+
+
+def test_a_copy_source_starts_from_the_copy_prior():
+    runs = RunModel()
+    runs.reset(10)
+    plain = runs.rates(3, 30)
+    runs.reset(10, copying=True)
+    copy = runs.rates(3, 30)
+    assert list(COPY_PRIOR) != list(PRIOR)
+    assert (copy >= plain).all() and expected_tokens(copy) > 1.5 * expected_tokens(plain)
+    runs.reset(10)  # the next generation without a source: back to the plain prior
+    assert (runs.rates(3, 30) == plain).all()
+
+
+def test_an_edit_drafts_longer_from_its_first_match_than_a_prompt():
+    flat = _profile([1.0 + 0.02 * (n - 1) for n in range(1, 66)])
+    text = list(range(100, 160))
+    prompt = [*text, 1, 2]
+    context = [*prompt, *text[:3]]  # the reply has begun copying the text
+
+    def first_k(extra: list[int]) -> int:
+        auto = AutoDrafter(NgramDrafter(3, 12, extra=extra), None, flat, k_max=64, learn_costs=False)
+        auto.begin(prompt)
+        return len(auto.draft(context, 64).tokens)
+
+    assert first_k(text) > first_k([])  # the source makes it a copy: a longer first draft
+
+
+def test_one_token_time_is_inferred_when_every_round_drafts():
+    v = [1.0 + 0.5 * (n - 1) for n in range(1, 33)]
+    cost = CostModel(_profile(v), 32)
+    for _ in range(3):
+        cost.observe_verify(9, 0.5)  # V(9) = 5.0 by the profile: 0.1 s a token here
+    assert cost.seconds(1, 3) is None and abs(cost.t1() - 0.1) < 1e-9
+    fresh = CostModel(None, 32)  # no profile: nothing to infer it from
+    for _ in range(3):
+        fresh.observe_verify(9, 0.5)
+    assert fresh.t1() is None
