@@ -135,7 +135,7 @@ def replay(trace: dict, drafter, v: list[float], c: float, k_max: int, adaptive:
         drafter.observe(n, a, seen, draft_cost)
         tokens += ids[done : done + a + 1]
         done += a + 1
-    drafter.report()  # the end of a generation: auto hands what it measured to `store`
+    drafter.end()  # the end of a generation: auto hands what it measured to `store`
     return total
 
 

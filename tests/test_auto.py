@@ -278,7 +278,7 @@ def _simulate(prompt: list[int], out: list[int], drafter, v: list[float], k_max:
         drafter.observe(n, a, 0.1 * v[n] * math.exp(rng.gauss(0, noise)), 0.0)
         tokens += out[done : done + a + 1]
         done += a + 1
-    drafter.report()
+    drafter.end()
     return total, sizes
 
 

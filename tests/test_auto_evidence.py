@@ -72,3 +72,16 @@ def test_one_token_time_is_inferred_when_every_round_drafts():
     for _ in range(3):
         fresh.observe_verify(9, 0.5)
     assert fresh.t1() is None
+
+
+def test_report_only_reports_and_end_stores():
+    stored: list[dict] = []
+    auto = AutoDrafter(NgramDrafter(1, 4), None, None, k_max=8, store=lambda m, t1: stored.append(m))
+    auto.begin([1, 2, 3])
+    for n in (1, 1, 1, 3, 3, 3):
+        auto.observe(n - 1, 0, 0.1 * n, 0.0)
+    assert auto.report() and stored == []
+    auto.end()
+    assert len(stored) == 1 and list(stored[0]) == [3]
+    v3, rounds = stored[0][3]
+    assert abs(v3 - 3.0) < 1e-9 and rounds == 3

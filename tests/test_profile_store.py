@@ -5,6 +5,7 @@ informed, and a new `tune` does not erase it."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 
 from localspec.core.backend import Model
@@ -17,7 +18,9 @@ from localspec.models.profile import (
     merge_online,
     save_profile,
     store_online,
+    store_online_later,
 )
+from localspec.models import profile as profile_module
 
 
 def _tuned(key: str) -> Profile:
@@ -64,5 +67,27 @@ def test_a_corrupt_profile_is_ignored_and_replaced(smol_path):
         assert load_profile(setup_of(target), online=True) is None
         store_online(setup_of(target), target.name, {4: (2.0, 3)}, 0.05)
         assert json.loads(path.read_text())["online"] == {"4": [2.0, 3]}
+    finally:
+        target.close()
+
+
+def test_a_store_off_the_thread_lands_where_home_was_when_asked(smol_path, tmp_path, monkeypatch):
+    # the server hands stores to a writer thread; a write that runs after the state dir
+    # changed (another test, another user) still goes where it was asked for
+    target = Model(ModelConfig(path=smol_path, n_ctx=128, n_threads=1))
+    try:
+        setup = setup_of(target)
+        first, second = tmp_path / "first", tmp_path / "second"
+        monkeypatch.setenv("LOCALSPEC_HOME", str(first))
+        gate = threading.Event()
+        profile_module._writer.submit(gate.wait, 10)  # hold the writer until the home moved
+        pending = store_online_later(setup, target.name, {8: (5.0, 4)}, 0.05)
+        monkeypatch.setenv("LOCALSPEC_HOME", str(second))
+        assert not pending.done()
+        gate.set()
+        pending.result(timeout=10)
+        assert not (second / "profiles").exists()
+        monkeypatch.setenv("LOCALSPEC_HOME", str(first))
+        assert load_profile(setup, online=True).online_v() == {8: 5.0}
     finally:
         target.close()

@@ -20,7 +20,7 @@ from localspec.core.drafters.model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
 from localspec.models.drafts import draft_candidates
 from localspec.models.gguf_info import GGUFError
-from localspec.models.profile import Profile, Setup, load_profile, model_id, store_online
+from localspec.models.profile import Profile, Setup, load_profile, model_id, store_online_later
 
 AUTO_DRAFT_TRIES = 3  # loads at most this many header-compatible drafts before giving up
 
@@ -166,7 +166,7 @@ def make_drafter(
             return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max))
         setup = setup_of(target, draft_model)
         return AutoDrafter(ngram, model, load_profile(setup, online=True), k_max=max(1, spec.draft_max),
-                           store=lambda measured, t1: store_online(setup, target.name, measured, t1))
+                           store=lambda measured, t1: store_online_later(setup, target.name, measured, t1))
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")
     return model if spec.mode == "model" else HybridDrafter(ngram, model)

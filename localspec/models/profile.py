@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -83,13 +84,13 @@ class Setup:
         return replace(self, draft=None)
 
 
-def _profile_path(key: str) -> Path:
-    return paths.state_dir() / "profiles" / f"{key}.json"
+def _profiles_dir() -> Path:
+    return paths.state_dir() / "profiles"
 
 
-def _read(key: str) -> Profile | None:
+def _read(key: str, folder: Path | None = None) -> Profile | None:
     try:
-        return Profile(**json.loads(_profile_path(key).read_text()))
+        return Profile(**json.loads(((folder or _profiles_dir()) / f"{key}.json").read_text()))
     except (OSError, ValueError, TypeError):
         return None  # missing, or corrupt: never trusted
 
@@ -105,14 +106,14 @@ def load_profile(setup: Setup, online: bool = False) -> Profile | None:
     return None
 
 
-def save_profile(profile: Profile) -> Path:
+def save_profile(profile: Profile, folder: Path | None = None) -> Path:
     """Store `profile` under its key, atomically (a reader never sees half a file).
     On-line measurements already stored under the key are kept when `profile` brings
     none (a new `tune` does not erase what runs measured)."""
-    old = _read(profile.key)
+    old = _read(profile.key, folder)
     if old is not None and old.online and not profile.online:
         profile = replace(profile, online=old.online)
-    path = paths.ensure(paths.state_dir() / "profiles") / f"{profile.key}.json"
+    path = paths.ensure(folder or _profiles_dir()) / f"{profile.key}.json"
     write_atomic(path, json.dumps(asdict(profile), indent=2))
     return path
 
@@ -133,23 +134,35 @@ def merge_online(online: dict[str, list[float]], measured: dict[int, tuple[float
 
 
 def store_online(setup: Setup, target_name: str, measured: dict[int, tuple[float, int]],
-                 t_token_s: float) -> None:
+                 t_token_s: float, folder: Path | None = None) -> None:
     """Merge what a generation measured into this setup's stored profiles (the pair's
     and the target's; a target-only one is created when neither exists yet). Never
     raises on a full or read-only disk: a run must not fail over bookkeeping."""
     if not measured:
         return
     keys = dict.fromkeys((setup.key, setup.alone().key))
-    stored = [p for k in keys if (p := _read(k)) is not None]
+    stored = [p for k in keys if (p := _read(k, folder)) is not None]
     if not stored:
         stored = [Profile(key=setup.alone().key, target=target_name, draft=None, device=setup.device,
                           n_threads=setup.n_threads, n_gpu_layers=setup.n_gpu_layers,
                           t_token_s=t_token_s, vcurve=[], prefill_tok_s=0.0)]
     for p in stored:
         try:
-            save_profile(replace(p, online=merge_online(p.online, measured)))
+            save_profile(replace(p, online=merge_online(p.online, measured)), folder)
         except OSError:
             pass
+
+
+_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-profiles")
+
+
+def store_online_later(setup: Setup, target_name: str, measured: dict[int, tuple[float, int]],
+                       t_token_s: float) -> Future:
+    """`store_online` off the caller's thread: the server's scheduler (which ends every
+    request's generation) must not wait on the disk. One writer, so two stores of one
+    profile never interleave; the folder is fixed now (not when the write runs), and
+    writes still pending when the process exits are finished first."""
+    return _writer.submit(store_online, setup, target_name, dict(measured), t_token_s, _profiles_dir())
 
 
 def vcurve_sizes(n_max: int) -> list[int]:

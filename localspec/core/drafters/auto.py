@@ -253,13 +253,15 @@ class AutoDrafter(DrafterBase):
 
     def report(self) -> dict:
         """How often each (drafter, k) was chosen, expected vs realised tokens per round;
-        probes of a written-off draft model ("model:2 probe") apart from its choices.
-        The end of a generation: what it measured goes to `store` (the profile)."""
-        t1 = self.cost.t1()
-        if self.store is not None and t1:
-            self.store(self.cost.measured(), t1)
+        probes of a written-off draft model ("model:2 probe") apart from its choices."""
         return {
             f"{src}:{k}" + (" probe" if probe else ""):
                 {"rounds": int(n), "expected": e / n, "realised": r / n}
             for (src, k, probe), (n, e, r) in sorted(self.choices.items())
         }
+
+    def end(self) -> None:
+        """What this generation measured goes to `store` (the profile)."""
+        t1 = self.cost.t1()
+        if self.store is not None and t1:
+            self.store(self.cost.measured(), t1)

@@ -40,6 +40,10 @@ class Drafter(Protocol):
     def report(self) -> dict:
         """Drafter-specific statistics for the end of a generation."""
 
+    def end(self) -> None:
+        """The generation is over: keep what it taught (the auto policy stores the verify
+        costs it measured). Called once, after `report`."""
+
     # optional: constrain(grammar) -> None. The generation's output grammar (None: free
     # text), given at its start; at every draft() call it is in its state after `context`.
     # A drafter that drafts within it (ModelDrafter) clones it and never advances it.
@@ -65,6 +69,9 @@ class DrafterBase:
 
     def report(self) -> dict:
         return {}
+
+    def end(self) -> None:
+        pass
 
 
 class NoDrafter(DrafterBase):
