@@ -24,7 +24,8 @@ cannot keep auto behind plain decoding.
 
 n-gram acceptance comes from runs.py (by how long the copied run has held, learned in
 hindsight from every candidate, drafted or not); the draft model's from its own drafts
-(probed now and then, where it could pay at all); c is its cost ratio.
+(probed now and then where it could pay at all, sooner while probes come back whole;
+a draft that stops short of its plan counts as ending there); c is its cost ratio.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ __all__ = ["AcceptModel", "AutoDrafter", "CostModel", "best_k", "expected_tokens
 DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
 SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
 EXPLORE_EVERY = 64  # rounds between probes of a draft model the policy has written off
+EXPLORE_MIN = 4  # ... at least, while probes keep coming back fully accepted (each one
+# halves the wait, a miss doubles it): evidence that it pays arrives in tens of rounds
 MARGIN = 0.05  # expected gain over plain decoding below which auto does not draft
 MIN_EXTRA = 0.1  # ... nor below this many expected extra tokens a round: on a flat (GPU)
 # curve a 1-in-20 guess "pays" 5% by estimate, within the noise of both estimates
@@ -117,6 +120,8 @@ class AutoDrafter(DrafterBase):
             self._model_pays = best_k([OPTIMISTIC] * min(k_max, MODEL_K_MAX), calibrated, profile.c)[0] > 0
         self.store = store  # called at the end of each generation with what it measured
         self.rounds = 0
+        self._explore_every = EXPLORE_EVERY
+        self._last_probe = -EXPLORE_EVERY // 2  # the first probe comes half a wait in
         self.lost = 0.0  # one-token times drafting has cost beyond plain decoding's, measured
         self.produced = 0  # tokens produced (plain decoding's time for them, in one-token times)
         self.tried = 0.0  # one-token times trying unmeasured sizes cost beyond the best measured choice
@@ -156,10 +161,11 @@ class AutoDrafter(DrafterBase):
             kk, exp, rate = self.choose(self.model_acc.rates(min(k, MODEL_K_MAX)), self.cost.c())
             if kk and rate >= best_rate and (plan[0] == "none" or rate > best_rate):
                 plan, best_rate = ("model", kk, exp, False), rate
-            elif plan[0] == "none" and self.rounds % EXPLORE_EVERY == EXPLORE_EVERY // 2:
+            elif plan[0] == "none" and self.rounds - self._last_probe >= self._explore_every:
                 # probe: taken although it scores no better, so model_acc can learn; it
                 # reports what the acceptance model expects of it, as a probe
                 kk = min(2, k)
+                self._last_probe = self.rounds
                 plan = ("model", kk, expected_tokens(self.model_acc.rates(kk)), True)
         self._last = plan
         source, kk, _, _ = plan
@@ -243,6 +249,10 @@ class AutoDrafter(DrafterBase):
             if self._trying:  # ... and beyond the best measured choice
                 self.tried += spent - (n_accept + 1) / self._best_known
         self.produced += n_accept + 1
+        if probe and n_draft:  # a probe that came back whole: look again sooner
+            full = n_accept == n_draft
+            self._explore_every = (max(EXPLORE_MIN, self._explore_every // 2) if full
+                                   else min(EXPLORE_EVERY, 2 * self._explore_every))
         if source == "model" and n_draft:  # n-gram acceptance is learned in hindsight (runs.py)
             self.model_acc.observe(n_draft, n_accept, planned)
             self.cost.observe_draft(n_draft, draft_s)
