@@ -52,7 +52,7 @@ MIN_EXTRA = 0.1  # ... nor below this many expected extra tokens a round: on a f
 OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
 BUDGET = 0.015  # share of plain decoding's time auto may lose to it trying unmeasured sizes
 BUDGET_FREE = 1.0  # ... plus this many one-token times
-TRY_BUDGET = 0.04  # share it may lose against the best measured choice doing so
+TRY_BUDGET = 0.03  # share it may lose against the best measured choice doing so
 MODEL_K_MAX = 32  # the draft model stops where it is unsure long before this
 
 
