@@ -3,11 +3,26 @@ and the one-token time where every round drafts (pure logic, no models)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from fakes import FakeModel
+
 from localspec.core.drafters.auto import AcceptModel, AutoDrafter, expected_tokens
+from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.costs import CostModel
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.drafters.runs import COPY_PRIOR, PRIOR, RunModel
 from localspec.models.profile import Profile
+
+
+class _NoMatch(DrafterBase):
+    name = "ngram"
+
+    def begin(self, prompt):
+        pass
+
+    def draft(self, context, k):
+        return Draft(source="ngram")
 
 
 def _profile(v: list[float]) -> Profile:
@@ -85,3 +100,39 @@ def test_report_only_reports_and_end_stores():
     assert len(stored) == 1 and list(stored[0]) == [3]
     v3, rounds = stored[0][3]
     assert abs(v3 - 3.0) < 1e-9 and rounds == 3
+
+
+class _RightModel(DrafterBase):
+    """A draft 'model' that drafts the fake target's own continuation: always right."""
+
+    name = "model"
+
+    def __init__(self, model: FakeModel) -> None:
+        self.model, self.asked = model, []
+
+    def begin(self, prompt):
+        pass
+
+    def draft(self, context, k):
+        self.asked.append(k)
+        return Draft(tokens=self.model.continuation(context, k), source="model")
+
+
+def test_draft_model_plans_grow_by_doubling_from_what_was_accepted():
+    # a flat (GPU-like) curve and a cheap draft: the estimates alone would plan 32 tokens
+    # at once, the positions past the longest accepted run extrapolated from the last
+    # one seen; a plan reaches at most twice the longest run accepted so far
+    model = FakeModel()
+    flat = replace(_profile([1.0 + 0.02 * (n - 1) for n in range(1, 34)]), draft_t_token_s=0.005)
+    drafter = _RightModel(model)
+    auto = AutoDrafter(_NoMatch(), drafter, flat, k_max=32, learn_costs=False)
+    prompt = list(range(1, 9))
+    auto.begin(prompt)
+    context, longest = prompt + model.continuation(prompt, 1), 0
+    for _ in range(8):
+        d = auto.draft(context, 32)
+        assert d.source == "model" and len(d.tokens) <= max(4, 2 * longest)
+        auto.observe(len(d.tokens), len(d.tokens), 0.1, 0.0005 * len(d.tokens))
+        longest = max(longest, len(d.tokens))
+        context = context + model.continuation(context, len(d.tokens) + 1)
+    assert drafter.asked[0] <= 4 and drafter.asked[-1] == 32  # it does get there

@@ -25,7 +25,9 @@ cannot keep auto behind plain decoding.
 n-gram acceptance comes from runs.py (by how long the copied run has held, learned in
 hindsight from every candidate, drafted or not); the draft model's from its own drafts
 (probed now and then where it could pay at all, sooner while probes come back whole;
-a draft that stops short of its plan counts as ending there); c is its cost ratio.
+a draft that stops short of its plan counts as ending there, and a plan reaches at most
+twice the longest run it has had accepted: positions never reached are guesses); c is
+its cost ratio.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
 BUDGET = 0.015  # share of plain decoding's time auto may lose to it trying unmeasured sizes
 BUDGET_FREE = 1.0  # ... plus this many one-token times
 TRY_BUDGET = 0.03  # share it may lose against the best measured choice doing so
+MODEL_REACH = 4
 MODEL_K_MAX = 32  # the draft model stops where it is unsure long before this
 
 
@@ -120,6 +123,7 @@ class AutoDrafter(DrafterBase):
             self._model_pays = best_k([OPTIMISTIC] * min(k_max, MODEL_K_MAX), calibrated, profile.c)[0] > 0
         self.store = store  # called at the end of each generation with what it measured
         self.rounds = 0
+        self._model_reach = MODEL_REACH  # longest draft-model plan: twice its longest accepted run
         self._explore_every = EXPLORE_EVERY
         self._last_probe = -EXPLORE_EVERY // 2  # the first probe comes half a wait in
         self.lost = 0.0  # one-token times drafting has cost beyond plain decoding's, measured
@@ -158,7 +162,7 @@ class AutoDrafter(DrafterBase):
             if kk and rate >= best_rate:
                 plan, best_rate = ("ngram", kk, exp, False), rate
         if self.model is not None and self._model_could_pay(k):
-            kk, exp, rate = self.choose(self.model_acc.rates(min(k, MODEL_K_MAX)), self.cost.c())
+            kk, exp, rate = self.choose(self.model_acc.rates(min(k, MODEL_K_MAX, self._model_reach)), self.cost.c())
             if kk and rate >= best_rate and (plan[0] == "none" or rate > best_rate):
                 plan, best_rate = ("model", kk, exp, False), rate
             elif plan[0] == "none" and self.rounds - self._last_probe >= self._explore_every:
@@ -255,6 +259,7 @@ class AutoDrafter(DrafterBase):
                                    else min(EXPLORE_EVERY, 2 * self._explore_every))
         if source == "model" and n_draft:  # n-gram acceptance is learned in hindsight (runs.py)
             self.model_acc.observe(n_draft, n_accept, planned)
+            self._model_reach = max(self._model_reach, 2 * n_accept)
             self.cost.observe_draft(n_draft, draft_s)
         row = self.choices.setdefault((source, n_draft, probe), [0, 0.0, 0.0])
         row[0] += 1
