@@ -16,7 +16,7 @@ round times, optionally with noise).
     python scripts/replay_policy.py replay traces.json [--curve gpu|cpu.json] [--noise 0.1]
 
 `replay` compares auto three ways with the best fixed (drafter, k): informed by a tune
-profile of the true curve (V(1..32), c), fresh (no profile at all: the first run on a
+profile of the true curve (V(1..64), c), fresh (no profile at all: the first run on a
 machine), and second (informed only by what the fresh run stored).
 
 `record --prompts FILE` records other workloads (bench's JSONL format) instead, e.g.
@@ -178,8 +178,8 @@ def true_curve(spec: str, n_max: int, profile: Profile | None) -> list[float]:
     return [float(x) for x in out]
 
 
-def tuned(v: list[float], c: float, n: int = 32) -> Profile:
-    """The profile `localspec tune` would measure on that curve (V(1..32), c)."""
+def tuned(v: list[float], c: float, n: int = 64) -> Profile:
+    """The profile `localspec tune` would measure on that curve (V(1..64), c)."""
     return Profile(key="replay", target="t", draft="d", device="cpu", n_threads=2, n_gpu_layers=0,
                    t_token_s=1.0, vcurve=v[:n], prefill_tok_s=0.0, draft_t_token_s=c)
 

@@ -14,11 +14,12 @@ from localspec.models.profile import Profile, Setup, load_profile, save_profile
 
 
 def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):
-    proc = cli("tune", "-m", smol_path, "-md", smol_path, "-t", "1", "--json", timeout=600)
+    proc = cli("tune", "-m", smol_path, "-md", smol_path, "-t", "1", "--json", "--vcurve-max", "24",
+               timeout=600)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     v = out["vcurve"]
-    assert len(v) == 32 and v[0] == 1.0 and all(x > 0 for x in v)
+    assert len(v) == 24 and v[0] == 1.0 and all(x > 0 for x in v)
     assert out["t_token_s"] > 0 and out["prefill_tok_s"] > 0
     assert out["draft_t_token_s"] > 0 and out["n_threads"] == 1
 
@@ -36,9 +37,13 @@ def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):
 
 
 def test_tune_text_report_names_the_policy(smol_path):
-    proc = cli("tune", "-m", smol_path, "-md", "none", "-t", "1", timeout=600)
+    proc = cli("tune", "-m", smol_path, "-md", "none", "-t", "1", "--vcurve-max", "16", timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "V(n)" in proc.stdout and "policy that follows" in proc.stdout and "saved" in proc.stdout
+    assert ", 16:" in proc.stdout and ", 24:" not in proc.stdout  # timed up to --vcurve-max
+    # by default up to 64 tokens: edits draft long copies, and a size tune knows is one
+    # auto need not try
+    assert "[default: 64;" in " ".join(cli("tune", "--help").stdout.split())
 
 
 # ----- profiles without a model ---------------------------------------------------------

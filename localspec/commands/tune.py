@@ -37,10 +37,13 @@ def _policy_lines(p: Profile) -> list[str]:
 @click.command()
 @model_options(default_draft=True)
 @click.option("--json", "as_json", is_flag=True, help="print the profile as JSON")
+@click.option("--vcurve-max", type=click.IntRange(2, 256), default=N_MAX, show_default=True,
+              help="largest verify batch timed (auto tries larger ones itself, within a budget)")
 @click.pass_context
-def tune(ctx: click.Context, as_json: bool, **kw) -> None:
-    """Measure decode cost, the verify cost curve V(n) for n = 1..32, prefill speed and
-    the draft model's cost ratio on this machine; store them for `--spec auto`.
+def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
+    """Measure decode cost, the verify cost curve V(n) for n = 1..64 (--vcurve-max),
+    prefill speed and the draft model's cost ratio on this machine; store them for
+    `--spec auto`.
 
     The profile is keyed by model files, device, threads and GPU layers.
     """
@@ -57,9 +60,9 @@ def tune(ctx: click.Context, as_json: bool, **kw) -> None:
         TextColumn("[bold]tune[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), console=console, transient=True,
     ) as progress:
-        task = progress.add_task("measure", total=len(vcurve_sizes(N_MAX)) + 2)
+        task = progress.add_task("measure", total=len(vcurve_sizes(vcurve_max)) + 2)
         setup = setup_of(rt.target, rt.draft)
-        profile = calibrate(rt.target, rt.draft, setup, tick=lambda: progress.advance(task))
+        profile = calibrate(rt.target, rt.draft, setup, vcurve_max, tick=lambda: progress.advance(task))
     path = save_profile(profile)
     if profile.draft is not None:  # V(n) is the target's alone: serve and draftless runs use it too
         save_profile(replace(profile, key=setup.alone().key, draft=None, draft_t_token_s=None))
@@ -71,7 +74,7 @@ def tune(ctx: click.Context, as_json: bool, **kw) -> None:
                f"({1 / profile.t_token_s:.1f} tok/s), prefill {profile.prefill_tok_s:.0f} tok/s, "
                f"{profile.device}, {profile.n_threads} threads")
     click.echo("V(n) = verify n tokens / one token: " + ", ".join(
-        f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 12, 16, 24, 32) if n <= len(v)))
+        f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 12, 16, 24, 32, 48, 64) if n <= len(v)))
     if profile.draft:
         click.echo(f"draft {profile.draft}: {1000 * profile.draft_t_token_s:.1f} ms/token, c = {profile.c:.2f}")
     click.echo("policy that follows (best k at acceptance a):")

@@ -22,7 +22,7 @@ from pathlib import Path
 from localspec.files import write_atomic
 from localspec.models import paths
 
-N_MAX = 32
+N_MAX = 64  # tune times V(n) this far: edits draft long copies, and a size known need not be tried
 
 
 @dataclass
