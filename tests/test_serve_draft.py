@@ -344,24 +344,33 @@ def test_the_near_tie_allowance_rejects_a_real_divergence(target):
 # ----- the command ---------------------------------------------------------------------
 
 
-def _cli_pair(model: str, draft: str, home, prompts: list, n: int, *extra: str,
-              ignore_eos: bool = True) -> tuple[list[str], list[str], str, dict]:
-    """Each prompt alone with --spec none, then all together on a server with `--draft
-    draft *extra`: (alone, together, its /metrics, its /health)."""
-    args = ("--parallel", str(SLOTS), "-c", str(SLOTS * 512), "--no-log", "--spec-disable-by-batch-size", "-1")
-    proc, base = start_server(model, home, *args, "--spec", "none")
-    try:
-        solo = _alone(base, prompts, n, ignore_eos)
-    finally:
-        assert stop_server(proc) == 0
-    proc, base = start_server(model, home, *args, "--draft", draft, *extra)
+ARGS = ("--parallel", str(SLOTS), "-c", str(SLOTS * 512), "--no-log", "--spec-disable-by-batch-size", "-1")
+
+
+def _served_together(model: str, home, prompts: list, n: int, *extra: str,
+                     ignore_eos: bool = True) -> tuple[list[str], str, dict]:
+    """All prompts as concurrent streams on `localspec serve -m model *extra`: (their
+    texts, its /metrics, its /health)."""
+    proc, base = start_server(model, home, *ARGS, *extra)
     try:
         together = _together(base, prompts, n, ignore_eos)
         text = httpx.get(f"{base}/metrics", trust_env=False).text
         health = httpx.get(f"{base}/health", trust_env=False).json()
     finally:
         assert stop_server(proc) == 0
-    return solo, together, text, health
+    return together, text, health
+
+
+def _cli_pair(model: str, draft: str, home, prompts: list, n: int,
+              *extra: str) -> tuple[list[str], list[str], str, dict]:
+    """Each prompt alone with --spec none, then all together on a server with `--draft
+    draft *extra`: (alone, together, its /metrics, its /health)."""
+    proc, base = start_server(model, home, *ARGS, "--spec", "none")
+    try:
+        solo = _alone(base, prompts, n)
+    finally:
+        assert stop_server(proc) == 0
+    return (solo, *_served_together(model, home, prompts, n, "--draft", draft, *extra))
 
 
 def test_serve_draft_command(smol_path, tmp_path):
@@ -375,12 +384,15 @@ def test_serve_draft_command(smol_path, tmp_path):
 @pytest.mark.slow
 def test_serve_draft_auto_with_the_default_pair(qwen_target, target_path, tmp_path):
     # --draft auto finds the 0.5B for the 1.5B target and loads it with a sequence per
-    # slot; token prompts, so the reference below decodes exactly what the server did,
-    # up to the end of text (the reference stops there)
-    n = 24
+    # slot; token prompts, so the reference (plain greedy decoding in this process, with
+    # the target already loaded: no second 1.5B server) decodes exactly what the server
+    # did, up to the end of text (the reference stops there). The server is the only busy
+    # process while it runs: two threads.
+    n = 16
     prompts = [chat_prompt(qwen_target, p) for p in PROMPTS]
-    solo, together, text, health = _cli_pair(target_path, "auto", tmp_path / "home", prompts, n,
-                                             "--spec", "model", ignore_eos=False)
+    solo = [qwen_target.detokenize(plain_greedy(qwen_target, p, n)[0]) for p in prompts]
+    together, text, health = _served_together(target_path, tmp_path / "home", prompts, n, "--draft", "auto",
+                                              "--spec", "model", "-t", "2", ignore_eos=False)
     assert "0.5b" in health["draft"].lower()
     for prompt, alone, got in zip(prompts, solo, together):
         _same_or_near_tie(qwen_target, prompt, alone, got, n)
