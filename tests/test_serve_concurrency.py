@@ -147,7 +147,7 @@ def _alone(server: Server, prompts: list[str], n: int, **extra) -> list[str]:
 
 
 def test_eight_concurrent_streams_match_their_solo_text(model):
-    n = 24
+    n = 12
     # 8 slots; speculation on alone, off while more than 4 are active
     with Server(model, n_slots=8, spec_disable_by_batch_size=4) as server:
         # ignore_eos: every reply is n tokens long, so the 8 streams overlap for n steps
@@ -166,8 +166,8 @@ def test_eight_concurrent_streams_match_their_solo_text(model):
 
 
 def test_more_clients_than_slots_queue_and_all_complete(model):
-    n = 16
-    prompts = PROMPTS[:6]
+    n = 8
+    prompts = PROMPTS[:4]  # twice the slots
     with Server(model, n_slots=2, queue_size=8, spec_disable_by_batch_size=-1) as server:
         solo = _alone(server, prompts, n)
         results = asyncio.run(_together(server, prompts, n))
@@ -265,13 +265,13 @@ def test_failing_drafter_fails_only_its_request(model):
         return _BoomDrafter(marker)
 
     with Server(model, drafter_factory=factory, n_slots=4, spec_disable_by_batch_size=-1) as server:
-        solo = _alone(server, PROMPTS[:3], 16)
+        solo = _alone(server, PROMPTS[:3], 8)
 
         async def mixed():
             client = server.async_client()
             t0 = time.monotonic()
             try:
-                return await asyncio.gather(*(_stream(client, p, 16, t0) for p in [*PROMPTS[:3], BOOM]),
+                return await asyncio.gather(*(_stream(client, p, 8, t0) for p in [*PROMPTS[:3], BOOM]),
                                             return_exceptions=True)
             finally:
                 await client.close()
@@ -282,7 +282,7 @@ def test_failing_drafter_fails_only_its_request(model):
         with pytest.raises(openai.InternalServerError):
             server.client().chat.completions.create(model="smol", messages=_messages(BOOM), max_tokens=8)
         assert server.health()["status"] == "ok"
-        assert _alone(server, PROMPTS[:1], 16) == solo[:1]
+        assert _alone(server, PROMPTS[:1], 8) == solo[:1]
         server.wait_idle()
 
 
