@@ -87,7 +87,7 @@ def _alone(base: str, prompts: list, n: int, ignore_eos: bool = True) -> list[st
     """Greedy requests one after another: a str is a chat message, a list token ids for
     /v1/completions; ignore_eos keeps every reply n tokens long."""
     c = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=600,
-                      http_client=httpx.Client(trust_env=False, timeout=600))
+                      http_client=httpx.Client(trust_env=False, verify=False, timeout=600))
     out = []
     for p in prompts:
         if isinstance(p, list):
@@ -114,7 +114,7 @@ def _together(base: str, prompts: list, n: int, ignore_eos: bool = True) -> list
 
     async def main() -> list[str]:
         client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=600,
-                                    http_client=httpx.AsyncClient(trust_env=False, timeout=600))
+                                    http_client=httpx.AsyncClient(trust_env=False, verify=False, timeout=600))
         try:
             return await asyncio.gather(*(one(client, p) for p in prompts))
         finally:
@@ -230,7 +230,7 @@ def test_the_load_rule_turns_model_drafting_off_under_load(target, draft, monkey
 
 def _hold_slot(base: str) -> tuple[httpx.Client, httpx.Response]:
     """Open a long stream and read until a few pieces came."""
-    h = httpx.Client(base_url=base, timeout=120, trust_env=False)
+    h = httpx.Client(base_url=base, timeout=120, trust_env=False, verify=False)
     body = {"model": "m", "messages": _messages("Tell me a long story."), "max_tokens": 400,
             "stream": True, "ignore_eos": True}
     r = h.send(h.build_request("POST", "/v1/chat/completions", json=body), stream=True)
@@ -354,8 +354,8 @@ def _served_together(model: str, home, prompts: list, n: int, *extra: str,
     proc, base = start_server(model, home, *ARGS, *extra)
     try:
         together = _together(base, prompts, n, ignore_eos)
-        text = httpx.get(f"{base}/metrics", trust_env=False).text
-        health = httpx.get(f"{base}/health", trust_env=False).json()
+        text = httpx.get(f"{base}/metrics", trust_env=False, verify=False).text
+        health = httpx.get(f"{base}/health", trust_env=False, verify=False).json()
     finally:
         assert stop_server(proc) == 0
     return together, text, health
