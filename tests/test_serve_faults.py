@@ -30,7 +30,7 @@ from localspec.core.config import ModelConfig
 from localspec.serve.app import ServeSettings
 
 KEY = "fault-key"
-SLOT_CTX = 512
+SLOT_CTX = 256
 BODY_LIMIT = 64 * 1024
 MAX_MESSAGES = 16
 CHAT = [{"role": "user", "content": "Say hi."}]
@@ -247,7 +247,7 @@ class _Held:
     """A long stream, read up to its first text piece: it holds a slot until closed.
     The line iterator is kept: dropping a half-read one closes the connection."""
 
-    def __init__(self, server: Server, max_tokens: int = 400) -> None:
+    def __init__(self, server: Server, max_tokens: int = 200) -> None:
         self.client = httpx.Client(base_url=server.base, timeout=120, trust_env=False, verify=False)
         body = {"model": "m", "messages": CHAT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
         self.response = self.client.send(self.client.build_request("POST", "/v1/chat/completions", json=body),
