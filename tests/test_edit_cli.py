@@ -169,7 +169,7 @@ def _prefill(stderr: str) -> tuple[int, int]:
 
 def test_second_edit_of_the_same_file_prefills_only_the_instruction(tmp_path, smol_path):
     p = tmp_path / "inventory.py"
-    p.write_text("".join((WORKLOADS / "inventory.py").read_text().splitlines(keepends=True)[:24]))
+    p.write_text("".join((WORKLOADS / "inventory.py").read_text().splitlines(keepends=True)[:12]))
     args = (str(p), "-m", smol_path, "-t", "1", "-n", "8", "--dry-run")
     first = edit_cli(*args, "-i", "Rename Item to Product.")
     second = edit_cli(*args, "-i", "Rename Item to Product.")
@@ -178,8 +178,8 @@ def test_second_edit_of_the_same_file_prefills_only_the_instruction(tmp_path, sm
         assert r.exit_code == 1 and "token limit" in r.stderr, r.output  # -n 8: unfinished
     cold, warm, off = _prefill(first.stderr), _prefill(second.stderr), _prefill(third.stderr)
     assert cold[1] == 0 and "stored in the prefix cache" in first.stderr
-    assert warm[1] > 200 and warm[0] + warm[1] == cold[0] and warm[0] < 40  # the instruction
-    assert off[1] == 0 and off[0] > 200
+    assert warm[1] > 120 and warm[0] + warm[1] == cold[0] and warm[0] < 40  # the instruction
+    assert off[1] == 0 and off[0] > 120
     assert re.search(r"\| decode [\d.]+ tok/s.*\| wall [\d.]+ s", second.stderr), second.stderr
     assert len(list((tmp_path / "home" / "cache" / "prefix").glob("*.kv"))) == 1
 
