@@ -241,7 +241,8 @@ def test_engine_none_matches_reference(smol):
 
 
 def test_default_pair_is_exact(qwen_target, qwen_draft):
-    prompt = chat_prompt(qwen_target, "Write a Python function that returns the n-th Fibonacci number.")
+    # raw code to continue: a chat prompt's system text would be most of the prefill
+    prompt = qwen_target.tokenize('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n')
     plain, margins = plain_greedy(qwen_target, prompt, 32)
     ids, stats = _spec_run(qwen_target, prompt, ModelDrafter(qwen_draft, GREEDY, 0.0), 32,
                            qwen_draft, mode="model")
