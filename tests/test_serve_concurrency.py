@@ -115,8 +115,13 @@ class Server:
         raise AssertionError(f"slots still busy: {self.health()}")
 
 
+# A short system message: without one SmolLM2's template puts its own (17 tokens) in
+# every prompt, a third of these prompts' prefill (~120 tok/s on one thread here)
+SYSTEM = {"role": "system", "content": "Be brief."}
+
+
 def _messages(p: str) -> list[dict]:
-    return [{"role": "user", "content": p}]
+    return [SYSTEM, {"role": "user", "content": p}]
 
 
 async def _stream(client: openai.AsyncOpenAI, prompt: str, n: int, t0: float, **extra) -> dict:

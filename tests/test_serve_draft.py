@@ -21,6 +21,7 @@ import httpx
 import pytest
 from test_real_models import NEAR_TIE, plain_greedy
 from test_serve import start_server, stop_server
+from test_serve_concurrency import SYSTEM
 from test_serve_concurrency import Server as ThreadedServer
 
 openai = pytest.importorskip("openai")
@@ -44,8 +45,6 @@ PROMPTS = [
     "Name three colours of the rainbow.",
     "Write a haiku about the sea.",
 ]
-CODE_STARTS = ["def fibonacci(n):\n", "def reverse_string(s):\n", "class Stack:\n",
-               "import json\n\n\ndef load_config(path):\n"]
 # the draft always drafts k = 4 (no p_min stop, no adaptive k): every active slot
 # takes part in every draft decode of a step
 MODEL = SpecConfig(mode="model", draft_max=4, draft_p_min=0.0, adaptive=False)
@@ -82,7 +81,7 @@ class Server(ThreadedServer):
 
 
 def _messages(p: str) -> list[dict]:
-    return [{"role": "user", "content": p}]
+    return [SYSTEM, {"role": "user", "content": p}]
 
 
 def _alone(base: str, prompts: list, n: int, ignore_eos: bool = True) -> list[str]:
@@ -392,11 +391,10 @@ def test_serve_draft_auto_with_the_default_pair(qwen_target, target_path, tmp_pa
     # --draft auto finds the 0.5B for the 1.5B target and loads it with a sequence per
     # slot; token prompts, so the reference (plain greedy decoding in this process, with
     # the target already loaded: no second 1.5B server) decodes exactly what the server
-    # did, up to the end of text (the reference stops there). Raw code to continue, not
-    # chat prompts (their system text is most of a short prompt, and the 1.5B prefills
-    # ~36 tok/s here). The server is the only busy process while it runs: two threads.
+    # did, up to the end of text (the reference stops there). The server is the only busy
+    # process while it runs: two threads.
     n = 16
-    prompts = [qwen_target.tokenize(p) for p in CODE_STARTS]
+    prompts = [chat_prompt(qwen_target, p) for p in PROMPTS]
     solo = [qwen_target.detokenize(plain_greedy(qwen_target, p, n)[0]) for p in prompts]
     together, text, health = _served_together(target_path, tmp_path / "home", prompts, n, "--draft", "auto",
                                               "--spec", "model", "-t", "2", ignore_eos=False)
