@@ -391,13 +391,12 @@ def test_serve_draft_auto_with_the_default_pair(qwen_target, target_path, tmp_pa
     # --draft auto finds the 0.5B for the 1.5B target and loads it with a sequence per
     # slot; token prompts, so the reference (plain greedy decoding in this process, with
     # the target already loaded: no second 1.5B server) decodes exactly what the server
-    # did, up to the end of text (the reference stops there). The server is the only busy
-    # process while it runs: two threads.
+    # did, up to the end of text (the reference stops there).
     n = 16
     prompts = [chat_prompt(qwen_target, p) for p in PROMPTS]
     solo = [qwen_target.detokenize(plain_greedy(qwen_target, p, n)[0]) for p in prompts]
     together, text, health = _served_together(target_path, tmp_path / "home", prompts, n, "--draft", "auto",
-                                              "--spec", "model", "-t", "2", ignore_eos=False)
+                                              "--spec", "model", ignore_eos=False)
     assert "0.5b" in health["draft"].lower()
     for prompt, alone, got in zip(prompts, solo, together):
         _same_or_near_tie(qwen_target, prompt, alone, got, n)

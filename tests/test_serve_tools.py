@@ -263,7 +263,7 @@ def test_the_openai_client_sees_a_bad_tool_choice_as_bad_request(smol):
 @pytest.fixture(scope="module")
 def qwen(target_path, tmp_path_factory):
     home = tmp_path_factory.mktemp("qwen-tools-home")
-    proc, base = start_server(target_path, home, "--parallel", "1", "-c", "2048", "--no-log", "-t", "2")
+    proc, base = start_server(target_path, home, "--parallel", "1", "-c", "2048", "--no-log")
     yield base
     assert stop_server(proc) == 0
 
