@@ -149,8 +149,7 @@ def _solo_plain(target: Model, prompts: list[str], n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def solo(target) -> list[str]:
-    """Each of PROMPTS alone on a server without speculation, 16 tokens: the reference
-    the drafted runs below must give."""
+    """PROMPTS alone on a server without speculation, 16 tokens: the drafted runs' reference."""
     return _solo_plain(target, PROMPTS, 16)
 
 
@@ -354,8 +353,7 @@ ARGS = ("--parallel", str(SLOTS), "-c", str(SLOTS * 512), "--no-log", "--spec-di
 
 def _served_together(model: str, home, prompts: list, n: int, *extra: str,
                      ignore_eos: bool = True) -> tuple[list[str], str, dict]:
-    """All prompts as concurrent streams on `localspec serve -m model *extra`: (their
-    texts, its /metrics, its /health)."""
+    """The prompts as concurrent streams on `serve -m model *extra`: (texts, /metrics, /health)."""
     proc, base = start_server(model, home, *ARGS, *extra)
     try:
         together = _together(base, prompts, n, ignore_eos)
@@ -368,8 +366,7 @@ def _served_together(model: str, home, prompts: list, n: int, *extra: str,
 
 def _cli_pair(model: str, draft: str, home, prompts: list, n: int,
               *extra: str) -> tuple[list[str], list[str], str, dict]:
-    """Each prompt alone with --spec none, then all together on a server with `--draft
-    draft *extra`: (alone, together, its /metrics, its /health)."""
+    """Each prompt alone with --spec none, then all together with `--draft draft *extra`."""
     proc, base = start_server(model, home, *ARGS, "--spec", "none")
     try:
         solo = _alone(base, prompts, n)
@@ -388,10 +385,9 @@ def test_serve_draft_command(smol_path, tmp_path):
 
 @pytest.mark.slow
 def test_serve_draft_auto_with_the_default_pair(qwen_target, target_path, tmp_path):
-    # --draft auto finds the 0.5B for the 1.5B target and loads it with a sequence per
-    # slot; token prompts, so the reference (plain greedy decoding in this process, with
-    # the target already loaded: no second 1.5B server) decodes exactly what the server
-    # did, up to the end of text (the reference stops there).
+    # --draft auto finds the 0.5B for the 1.5B and loads it with a sequence per slot; token
+    # prompts, so the reference (plain greedy here: the 1.5B is loaded, no second 1.5B server)
+    # decodes exactly what the server did, up to the end of text (where the reference stops)
     n = 16
     prompts = [chat_prompt(qwen_target, p) for p in PROMPTS]
     solo = [qwen_target.detokenize(plain_greedy(qwen_target, p, n)[0]) for p in prompts]
