@@ -187,7 +187,7 @@ class Load:
 
 def _http(load: Load) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {load.key}"} if load.key else {}
-    return httpx.AsyncClient(base_url=load.base, headers=headers, timeout=300, trust_env=False,
+    return httpx.AsyncClient(base_url=load.base, headers=headers, timeout=300, trust_env=False, verify=False,
                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
 
 
@@ -240,7 +240,7 @@ def metrics(base: str, key: str | None) -> dict[tuple[str, tuple], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    text = httpx.get(f"{base}/metrics", headers=headers, timeout=30, trust_env=False).text
+    text = httpx.get(f"{base}/metrics", headers=headers, timeout=30, trust_env=False, verify=False).text
     return {(x.name, tuple(sorted(x.labels.items()))): x.value
             for fam in text_string_to_metric_families(text) for x in fam.samples}
 
@@ -250,7 +250,7 @@ def wait_idle(base: str, timeout: float = 30) -> dict:
     scheduler's next step); the last answer if that never happens."""
     deadline = time.monotonic() + timeout
     while True:
-        h = httpx.get(f"{base}/health", timeout=30, trust_env=False).json()
+        h = httpx.get(f"{base}/health", timeout=30, trust_env=False, verify=False).json()
         idle = h["active"] == 0 and h["queued"] == 0 and not any(h.get("kv_tokens", []))
         if idle or time.monotonic() > deadline:
             return h
@@ -307,7 +307,7 @@ def run(load: Load) -> tuple[dict, list[str]]:
     texts = asyncio.run(alone(load, pool))
     alone_s = time.monotonic() - t0
     m1 = metrics(load.base, load.key)
-    n_slots = httpx.get(f"{load.base}/health", timeout=30, trust_env=False).json()["slots"]
+    n_slots = httpx.get(f"{load.base}/health", timeout=30, trust_env=False, verify=False).json()["slots"]
     wall = asyncio.run(soak(load, pool, n_slots))
     health = wait_idle(load.base)
     m2 = metrics(load.base, load.key)
@@ -334,7 +334,7 @@ def start_server(model: str, parallel: int, queue: int, threads: int, home: str,
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if httpx.get(f"{base}/health", timeout=2, trust_env=False).status_code == 200:
+            if httpx.get(f"{base}/health", timeout=2, trust_env=False, verify=False).status_code == 200:
                 return proc, base
         except httpx.HTTPError:
             time.sleep(0.3)

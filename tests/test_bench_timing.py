@@ -32,7 +32,7 @@ def smol1(smol_path):
 
 @pytest.fixture
 def edit_task(tmp_path) -> Path:
-    lines = (WORKLOADS / "inventory.py").read_text().splitlines(keepends=True)[:24]
+    lines = (WORKLOADS / "inventory.py").read_text().splitlines(keepends=True)[:12]  # ~160 prompt tokens
     (tmp_path / "inventory.py").write_text("".join(lines))
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps({"file": "inventory.py", "instruction": "Rename Item to Product."}) + "\n")

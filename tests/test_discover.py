@@ -120,10 +120,18 @@ def file_states(root: Path) -> dict[str, tuple]:
 # --- the GGUF header -------------------------------------------------------------------
 
 
-def test_header_agrees_with_the_gguf_reader(smol_path):
-    from gguf import GGUFReader, LlamaFileType
+@pytest.fixture(scope="module")
+def smol_gguf(smol_path):
+    """gguf's own reader of SmolLM2 (pure Python, seconds to open): one for the module."""
+    import gguf
 
-    ref = GGUFReader(smol_path)
+    return gguf.GGUFReader(smol_path)
+
+
+def test_header_agrees_with_the_gguf_reader(smol_path, smol_gguf):
+    from gguf import LlamaFileType
+
+    ref = smol_gguf
     info = read_info(smol_path)
 
     def field(key: str):
@@ -236,7 +244,7 @@ def test_broken_entries_are_skipped_with_a_warning(env, smol_path, capfd):
     assert rows["ollama:smol:latest"]["architecture"] == "llama" and "ollama:broken:latest" not in rows
 
 
-def test_split_model_is_listed_once_and_loads_from_its_first_part(env, smol_path):
+def test_split_model_is_listed_once_and_loads_from_its_first_part(env, smol_path, smol_gguf):
     import gguf
 
     from localspec.core.backend import Model
@@ -244,7 +252,7 @@ def test_split_model_is_listed_once_and_loads_from_its_first_part(env, smol_path
 
     folder = env.lmstudio / "pub" / "SmolLM2-split-GGUF"
     folder.mkdir(parents=True)
-    reader = gguf.GGUFReader(smol_path)
+    reader = smol_gguf
     writer = gguf.GGUFWriter(folder / "smol.gguf", arch="llama", split_max_tensors=150)
     for field in reader.fields.values():
         if field.name != "general.architecture" and not field.name.startswith("GGUF."):

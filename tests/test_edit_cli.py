@@ -141,14 +141,16 @@ def test_output_elsewhere_keeps_the_input(tmp_path, smol_path):
 
 def test_ctrl_c_writes_nothing(tmp_path, smol_path):
     p = tmp_path / "inventory.py"
-    original = (WORKLOADS / "inventory.py").read_bytes() * 3  # a copy takes SmolLM2 many seconds
+    # a copy takes SmolLM2 many seconds. Ctrl-C lands in the prefill (about 700 tokens),
+    # which llama.cpp finishes first: a longer file only makes the test wait longer
+    original = (WORKLOADS / "inventory.py").read_bytes()
     p.write_bytes(original)
     proc = subprocess.Popen(
         [sys.executable, "-m", "localspec", "edit", "--no-log", str(p), "-m", smol_path, "-y",
          "-c", "8192", "-i", "Add a docstring to every method.", "--spec", "none"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    time.sleep(6)  # loading, prefilling or generating: Ctrl-C must write nothing in each
+    time.sleep(3)  # loading, prefilling or generating: Ctrl-C must write nothing in each
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err.decode()[-2000:]
@@ -167,7 +169,7 @@ def _prefill(stderr: str) -> tuple[int, int]:
 
 def test_second_edit_of_the_same_file_prefills_only_the_instruction(tmp_path, smol_path):
     p = tmp_path / "inventory.py"
-    p.write_text("".join((WORKLOADS / "inventory.py").read_text().splitlines(keepends=True)[:24]))
+    p.write_text("".join((WORKLOADS / "inventory.py").read_text().splitlines(keepends=True)[:12]))
     args = (str(p), "-m", smol_path, "-t", "1", "-n", "8", "--dry-run")
     first = edit_cli(*args, "-i", "Rename Item to Product.")
     second = edit_cli(*args, "-i", "Rename Item to Product.")
@@ -176,8 +178,8 @@ def test_second_edit_of_the_same_file_prefills_only_the_instruction(tmp_path, sm
         assert r.exit_code == 1 and "token limit" in r.stderr, r.output  # -n 8: unfinished
     cold, warm, off = _prefill(first.stderr), _prefill(second.stderr), _prefill(third.stderr)
     assert cold[1] == 0 and "stored in the prefix cache" in first.stderr
-    assert warm[1] > 200 and warm[0] + warm[1] == cold[0] and warm[0] < 40  # the instruction
-    assert off[1] == 0 and off[0] > 200
+    assert warm[1] > 120 and warm[0] + warm[1] == cold[0] and warm[0] < 40  # the instruction
+    assert off[1] == 0 and off[0] > 120
     assert re.search(r"\| decode [\d.]+ tok/s.*\| wall [\d.]+ s", second.stderr), second.stderr
     assert len(list((tmp_path / "home" / "cache" / "prefix").glob("*.kv"))) == 1
 

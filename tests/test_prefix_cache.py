@@ -20,7 +20,7 @@ from localspec.edit import build_prompt_parts, split_lines, split_region
 from localspec.models.prefix_store import MAGIC, PrefixStore, warm_prefix
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "localspec" / "workloads" / "edit"
-TEXT = "".join(split_lines((WORKLOADS / "inventory.py").read_text())[:24])  # ~250 tokens
+TEXT = "".join(split_lines((WORKLOADS / "inventory.py").read_text())[:12])  # ~160 tokens with the prompt
 GREEDY = SamplingConfig(temperature=0.0)
 
 
@@ -60,6 +60,18 @@ def smol(smol_path):
 @pytest.fixture
 def cache(tmp_path) -> PrefixStore:
     return PrefixStore(tmp_path / "prefix", cap=1 << 30, min_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def stored(smol, tmp_path_factory) -> tuple[bytes, np.ndarray]:
+    """A cold edit's entry (its bytes) and first logits, made once for the tests that
+    damage a copy of it or need an entry's size."""
+    cache = PrefixStore(tmp_path_factory.mktemp("stored") / "prefix", cap=1 << 30, min_tokens=16)
+    prompt, n_prefix = prompt_for(smol)
+    forget(smol)
+    _, logits, _, _ = edit_run(smol, prompt, n_prefix, cache, n=1)
+    [entry] = cache.entries()
+    return entry.read_bytes(), logits
 
 
 def test_prompt_prefix_is_everything_before_the_instruction(smol):
@@ -118,11 +130,14 @@ def _flip(path: Path, where: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["truncated", "empty", "magic", "header", "tokens", "state"])
-def test_a_corrupt_entry_is_ignored_then_replaced(smol, cache, where):
+def test_a_corrupt_entry_is_ignored_then_replaced(smol, cache, stored, where):
+    good, cold_logits = stored
     prompt, n_prefix = prompt_for(smol)
+    entry = cache.path_for(smol, prompt[:n_prefix])
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(good)
     forget(smol)
-    _, cold_logits, _, _ = edit_run(smol, prompt, n_prefix, cache, n=1)
-    [entry] = cache.entries()
+    assert cache.restore(smol, prompt[:n_prefix]) is not None  # the copy is a good entry
     _flip(entry, where)
     forget(smol)
     assert cache.restore(smol, prompt[:n_prefix]) is None
@@ -147,13 +162,9 @@ def test_a_state_llama_cpp_refuses_leaves_an_empty_sequence(smol, cache):
     assert smol.cached == prompt[: n_prefix - 5]
 
 
-def test_the_cap_evicts_the_least_recently_used(smol, tmp_path):
+def test_the_cap_evicts_the_least_recently_used(smol, stored, tmp_path):
     texts = [TEXT.replace("Item", name) for name in ("Alpha", "Beta", "Gamma")]
-    probe = PrefixStore(tmp_path / "probe", cap=1 << 30, min_tokens=16)
-    forget(smol)
-    prefix = prompt_for(smol, texts[0])[0][: prompt_for(smol, texts[0])[1]]
-    warm_prefix(smol, prefix, probe)
-    size = probe.entries()[0].stat().st_size
+    size = len(stored[0])  # TEXT's entry: these texts' are the same to a few tokens
     cache = PrefixStore(tmp_path / "prefix", cap=int(size * 2.5), min_tokens=16)
     prefixes = []
     for i, text in enumerate(texts[:2]):

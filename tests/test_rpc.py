@@ -175,15 +175,15 @@ def test_split_model_gives_the_local_greedy_output(workers, smol_path):
                               rpc=tuple(workers.endpoints), tensor_split=(1.0, 1.0)))
     try:
         assert len(split.info.offload) == 2 and all(d.startswith("RPC") for d in split.info.offload)
-        # raw text whose continuation runs past 80 tokens (a chat reply may end sooner)
+        # raw text whose continuation runs past 48 tokens (a chat reply may end sooner)
         prompt = local.tokenize("# prices.py, printed twice\n\n" + EDIT_SOURCE + "\n\n# prices.py again\n\n")
-        reference, margins = plain_greedy(local, prompt, 80)
-        plain, _ = plain_greedy(split, prompt, 80)
-        assert len(reference) == 80
+        reference, margins = plain_greedy(local, prompt, 48)
+        plain, _ = plain_greedy(split, prompt, 48)
+        assert len(reference) == 48
         assert_same_greedy(reference, margins, plain)
         ids, _, stats = collect(generate(
             split, prompt, NgramDrafter(1, 4), sampling=GREEDY, spec=SpecConfig(mode="ngram"),
-            gen=GenerationConfig(max_tokens=80)))
+            gen=GenerationConfig(max_tokens=48)))
         assert_same_greedy(reference, margins, ids)
         assert stats.accepted > 0 and stats.rounds < stats.generated  # several tokens per round
     finally:

@@ -92,18 +92,18 @@ class Server:
     def client(self) -> openai.OpenAI:
         t = self.client_timeout
         return openai.OpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=t,
-                             http_client=httpx.Client(trust_env=False, timeout=t))
+                             http_client=httpx.Client(trust_env=False, verify=False, timeout=t))
 
     def async_client(self) -> openai.AsyncOpenAI:
         t = self.client_timeout
         return openai.AsyncOpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0, timeout=t,
-                                  http_client=httpx.AsyncClient(trust_env=False, timeout=t))
+                                  http_client=httpx.AsyncClient(trust_env=False, verify=False, timeout=t))
 
     def health(self) -> dict:
-        return httpx.get(f"{self.base}/health", trust_env=False).json()
+        return httpx.get(f"{self.base}/health", trust_env=False, verify=False).json()
 
     def metrics(self) -> str:
-        return httpx.get(f"{self.base}/metrics", trust_env=False).text
+        return httpx.get(f"{self.base}/metrics", trust_env=False, verify=False).text
 
     def wait_idle(self, timeout: float | None = None) -> dict:
         deadline = time.monotonic() + (self.idle_timeout if timeout is None else timeout)
@@ -115,8 +115,13 @@ class Server:
         raise AssertionError(f"slots still busy: {self.health()}")
 
 
+# A short system message: without one SmolLM2's template puts its own (17 tokens) in
+# every prompt, a third of these prompts' prefill (~120 tok/s on one thread here)
+SYSTEM = {"role": "system", "content": "Be brief."}
+
+
 def _messages(p: str) -> list[dict]:
-    return [{"role": "user", "content": p}]
+    return [SYSTEM, {"role": "user", "content": p}]
 
 
 async def _stream(client: openai.AsyncOpenAI, prompt: str, n: int, t0: float, **extra) -> dict:
@@ -147,7 +152,7 @@ def _alone(server: Server, prompts: list[str], n: int, **extra) -> list[str]:
 
 
 def test_eight_concurrent_streams_match_their_solo_text(model):
-    n = 24
+    n = 12
     # 8 slots; speculation on alone, off while more than 4 are active
     with Server(model, n_slots=8, spec_disable_by_batch_size=4) as server:
         # ignore_eos: every reply is n tokens long, so the 8 streams overlap for n steps
@@ -160,14 +165,14 @@ def test_eight_concurrent_streams_match_their_solo_text(model):
         assert max(r["first"] for r in results) < min(r["last"] for r in results)
         snap = server.wait_idle()
         assert snap["speculation"] is True  # back on once load dropped
-        metrics = httpx.get(f"{server.base}/metrics", trust_env=False).text
+        metrics = httpx.get(f"{server.base}/metrics", trust_env=False, verify=False).text
         assert 'localspec_decode_steps_total{batch="8",speculation="off"}' in metrics
         assert "localspec_speculation_toggles_total 0" not in metrics
 
 
 def test_more_clients_than_slots_queue_and_all_complete(model):
-    n = 16
-    prompts = PROMPTS[:6]
+    n = 8
+    prompts = PROMPTS[:4]  # twice the slots
     with Server(model, n_slots=2, queue_size=8, spec_disable_by_batch_size=-1) as server:
         solo = _alone(server, prompts, n)
         results = asyncio.run(_together(server, prompts, n))
@@ -178,7 +183,7 @@ def test_more_clients_than_slots_queue_and_all_complete(model):
 def _hold_slot(server: Server, max_tokens: int = 400):
     """Open a long stream and read its first piece; returns (client, response, lines).
     Keep `lines` referenced: dropping a half-read iterator closes the connection."""
-    h = httpx.Client(base_url=server.base, timeout=60, trust_env=False)
+    h = httpx.Client(base_url=server.base, timeout=60, trust_env=False, verify=False)
     body = {"model": "smol", "messages": _messages("Tell me a long story."), "max_tokens": max_tokens,
             "stream": True, "ignore_eos": True}
     r = h.send(h.build_request("POST", "/v1/chat/completions", json=body), stream=True)
@@ -199,7 +204,7 @@ def test_disconnecting_client_frees_its_slot(model):
         server.wait_idle(timeout=10)
         out = server.client().chat.completions.create(model="smol", messages=_messages("Hi"), max_tokens=4)
         assert out.usage.completion_tokens >= 1
-        metrics = httpx.get(f"{server.base}/metrics", trust_env=False).text
+        metrics = httpx.get(f"{server.base}/metrics", trust_env=False, verify=False).text
         assert 'localspec_requests_total{endpoint="chat",outcome="cancelled"} 1' in metrics
 
 
@@ -208,14 +213,14 @@ def test_non_streaming_disconnect_also_frees_the_slot(model):
         body = {"model": "smol", "messages": _messages("Tell me a long story."), "max_tokens": 400,
                 "ignore_eos": True}
         with pytest.raises(httpx.TimeoutException):
-            httpx.post(f"{server.base}/v1/chat/completions", json=body, timeout=1.5, trust_env=False)
+            httpx.post(f"{server.base}/v1/chat/completions", json=body, timeout=1.5, trust_env=False, verify=False)
         server.wait_idle(timeout=10)
 
 
 def test_queue_full_gives_429_then_recovers(model):
     with Server(model, n_slots=1, queue_size=1, spec_disable_by_batch_size=-1) as server:
         held = [_hold_slot(server)]  # holds the slot
-        h2 = httpx.Client(base_url=server.base, timeout=60, trust_env=False)
+        h2 = httpx.Client(base_url=server.base, timeout=60, trust_env=False, verify=False)
         body = {"model": "smol", "messages": _messages("Hello"), "max_tokens": 4, "stream": True}
         queued = h2.send(h2.build_request("POST", "/v1/chat/completions", json=body), stream=True)
         deadline = time.monotonic() + 10
@@ -265,13 +270,13 @@ def test_failing_drafter_fails_only_its_request(model):
         return _BoomDrafter(marker)
 
     with Server(model, drafter_factory=factory, n_slots=4, spec_disable_by_batch_size=-1) as server:
-        solo = _alone(server, PROMPTS[:3], 16)
+        solo = _alone(server, PROMPTS[:3], 8)
 
         async def mixed():
             client = server.async_client()
             t0 = time.monotonic()
             try:
-                return await asyncio.gather(*(_stream(client, p, 16, t0) for p in [*PROMPTS[:3], BOOM]),
+                return await asyncio.gather(*(_stream(client, p, 8, t0) for p in [*PROMPTS[:3], BOOM]),
                                             return_exceptions=True)
             finally:
                 await client.close()
@@ -282,7 +287,7 @@ def test_failing_drafter_fails_only_its_request(model):
         with pytest.raises(openai.InternalServerError):
             server.client().chat.completions.create(model="smol", messages=_messages(BOOM), max_tokens=8)
         assert server.health()["status"] == "ok"
-        assert _alone(server, PROMPTS[:1], 16) == solo[:1]
+        assert _alone(server, PROMPTS[:1], 8) == solo[:1]
         server.wait_idle()
 
 

@@ -46,9 +46,10 @@ def one_slot(model):
 def test_drain_refuses_new_requests_and_finishes_running_ones(one_slot, model):
     held = _Held(one_slot, max_tokens=24)
     one_slot.scheduler.drain()
-    r = httpx.post(f"{one_slot.base}/v1/completions", json={"model": "m", "prompt": "x"}, timeout=60, trust_env=False)
+    r = httpx.post(f"{one_slot.base}/v1/completions", json={"model": "m", "prompt": "x"}, timeout=60,
+                   trust_env=False, verify=False)
     assert _refused(r, (503,))["code"] == "server_shutting_down" and int(r.headers["retry-after"]) >= 1
-    health = httpx.get(f"{one_slot.base}/health", trust_env=False)
+    health = httpx.get(f"{one_slot.base}/health", trust_env=False, verify=False)
     assert health.status_code == 503 and health.json()["status"] == "draining"
     assert held.events()[-1]["choices"][0]["finish_reason"] == "length"  # the running one finished
     held.close()
@@ -73,7 +74,7 @@ def _stream_in_thread(base: str, body: dict, out: list) -> threading.Thread:
     def run() -> None:
         try:
             with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=120,
-                              trust_env=False) as r:
+                              trust_env=False, verify=False) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: {"):
                         out.append(json.loads(line[6:]))
@@ -93,7 +94,7 @@ def _rows(home) -> int:
 def _wait_busy(base: str, active: int, queued: int) -> None:
     deadline = time.monotonic() + 60
     while True:
-        h = httpx.get(f"{base}/health", trust_env=False).json()
+        h = httpx.get(f"{base}/health", trust_env=False, verify=False).json()
         if h["active"] == active and h["queued"] == queued:
             return
         assert time.monotonic() < deadline, h
@@ -115,7 +116,8 @@ def test_sigterm_drains_flushes_the_log_and_exits_0(smol_path, tmp_path):
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         try:  # stopped accepting: the listener is closed (or, mid-handshake, a 503)
-            r = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10, trust_env=False)
+            r = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10,
+                           trust_env=False, verify=False)
             _refused(r, (503,))
         except httpx.ConnectError:
             pass
@@ -152,7 +154,7 @@ def test_sigkill_then_restart_keeps_a_usable_log(smol_path, tmp_path):
                 socket.create_connection((addr, int(base.rsplit(":", 1)[1])), timeout=2).close()
         for _ in range(2):
             httpx.post(f"{base}/v1/chat/completions", json={"model": "m", "messages": CHAT, "max_tokens": 4},
-                       timeout=120, trust_env=False).raise_for_status()
+                       timeout=120, trust_env=False, verify=False).raise_for_status()
         deadline = time.monotonic() + 30
         while (home / "logs.db").exists() is False or _rows(home) < 2:
             assert time.monotonic() < deadline
@@ -173,7 +175,7 @@ def test_sigkill_then_restart_keeps_a_usable_log(smol_path, tmp_path):
     proc, base = start_server(smol_path, home, "--parallel", "1", "-c", "1024", "--shutdown-timeout", "1")
     try:
         httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": "Hello", "max_tokens": 4},
-                   timeout=120, trust_env=False).raise_for_status()
+                   timeout=120, trust_env=False, verify=False).raise_for_status()
         events = []
         t = _stream_in_thread(base, {**body, "max_tokens": 900}, events)
         _wait_busy(base, 1, 0)
