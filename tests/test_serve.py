@@ -130,6 +130,27 @@ def test_chat_non_streaming_and_streaming_agree(server):
     assert "speculation" in usage.model_extra
 
 
+def test_a_slot_keeps_a_finished_reply_for_the_next_request(server):
+    # an agent resends its whole conversation each turn: what a slot already holds of a
+    # prompt is not prefilled again, and the reply is the same as from a cold slot
+    base, _ = server
+    c = client(base)
+    ask = [{"role": "user", "content": "Name three rivers in Europe and one fact about each."}]
+    first = c.chat.completions.create(model="any", messages=ask, max_tokens=8, temperature=0)
+    again = c.chat.completions.create(model="any", messages=ask, max_tokens=8, temperature=0)
+    n = first.usage.prompt_tokens
+
+    def cached(r) -> int:
+        return r.usage.prompt_tokens_details.cached_tokens
+
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert cached(first) < n - 8 and cached(again) == n - 1  # only the last prompt token again
+    turn = [*ask, {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And one more river?"}]
+    second = c.chat.completions.create(model="any", messages=turn, max_tokens=4, temperature=0)
+    assert cached(second) >= n  # the first turn's prompt (and reply) came from the slot
+
+
 def test_completions_text_and_token_prompts(server):
     base, _ = server
     c = client(base)

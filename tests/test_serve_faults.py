@@ -70,9 +70,12 @@ def _refused(r: httpx.Response, statuses: tuple[int, ...] = (400, 413, 422)) -> 
 
 
 def _idle(server: Server, model: Model, n_slots: int = 2) -> None:
+    """Every slot idle, and its KV cells exactly what its record says it holds (a
+    finished reply stays for the next request; a refused or failed one leaves nothing)."""
     h = server.wait_idle()
-    assert h["status"] == "ok" and h["kv_tokens"] == [0] * n_slots, h
-    assert all(model.kv_len(seq) == 0 for seq in range(n_slots))
+    held = [len(model.seq_tokens(seq)) for seq in range(n_slots)]
+    assert h["status"] == "ok" and h["kv_tokens"] == held, (h, held)
+    assert all(model.kv_len(seq) == held[seq] for seq in range(n_slots))
 
 
 # ----- bad bodies -------------------------------------------------------------------

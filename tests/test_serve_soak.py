@@ -55,9 +55,10 @@ def test_soak_16_clients_on_4_slots_lose_nothing(model):
         kinds = {(r.spec.kind, r.stream, r.spec.prediction is not None) for r in load.results
                  if r.text is not None}
         assert len(kinds) >= 5, kinds
-        # in-process: llama.cpp's count and the backend's record agree every slot is empty
+        # in-process: llama.cpp's count and the backend's record agree on what every slot
+        # holds (a finished reply stays for the slot's next request; nothing more)
         assert server.scheduler.alive and not server.scheduler.active
         for seq in range(SLOTS):
-            assert model.kv_len(seq) == 0 and model.seq_tokens(seq) == [], seq
+            assert model.kv_len(seq) == len(model.seq_tokens(seq)), seq
         m = soak.metrics(server.base, None)
         assert m[("localspec_accepted_tokens_total", ())] > 0  # drafts were accepted under load

@@ -236,6 +236,8 @@ def usage(stats: GenerationStats) -> dict:
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated,
         "total_tokens": stats.prompt_tokens + stats.generated,
+        # the prompt's start the slot already held (a previous request's): not prefilled
+        "prompt_tokens_details": {"cached_tokens": stats.restored_tokens},
         "speculation": {
             "drafter": stats.drafter,
             "rounds": stats.rounds,

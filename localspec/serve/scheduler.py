@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.core.backend import Model
+from localspec.core.backend import Model, shared_prefix
 from localspec.core.config import SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
 from localspec.core.drafters.model import DraftBatch
@@ -181,7 +181,9 @@ class Scheduler:
             job = self.queue.popleft()
             if job.cancelled.is_set():
                 continue
-            seq = self.free.pop(0)
+            # the free slot that holds the longest start of this prompt (prefilled already)
+            held = [shared_prefix(self.target.seq_tokens(s), job.prompt) for s in self.free]
+            seq = self.free.pop(held.index(max(held)))
             try:
                 self._free_draft(seq)  # whatever the slot's last user left
                 drafter = self._drafter(job, seq)
@@ -339,7 +341,8 @@ class Scheduler:
 
     def _safe_release(self, a: _Active) -> None:
         try:
-            a.state.release()
+            # a finished reply stays in its slot for the next request to start from
+            a.state.release(keep=a.state.done and not a.failed and a.state.stats.stop_reason != "cancelled")
             self._free_draft(a.state.seq)
         except Exception:  # the context is broken beyond one sequence; nothing better to do
             log.exception("could not free sequence %d", a.state.seq)

@@ -4,7 +4,10 @@ The round (draft -> verify -> accept -> rewind -> events) is the engine's own
 `Generation`: the scheduler calls plan() for every decoding sequence, decodes all the
 batches in ONE decode_multi, and hands each sequence its rows with accept(). What is
 the server's alone is the prefill: a long prompt is fed in chunks that share steps with
-the other sequences' rounds, instead of one prefill that would stall them.
+the other sequences' rounds, instead of one prefill that would stall them; and it starts
+after what the slot already holds of it (a finished request's prompt and reply stay in
+its slot: an agent resending the same system prompt, tools and history prefills only
+what is new, as llama-server's prompt cache does).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.core.backend import Model
+from localspec.core.backend import Model, shared_prefix
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
 from localspec.core.engine import Event, Generation
@@ -25,8 +28,11 @@ class SeqState(Generation):
     def __init__(self, target: Model, seq: int, prompt: Sequence[int], drafter: Drafter, *,
                  sampling: SamplingConfig, spec: SpecConfig, gen: GenerationConfig) -> None:
         super().__init__(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen, seq=seq)
-        self.n_prefilled = 0
-        target.rewind(0, force=True, seq=seq)  # whatever the slot's last user left
+        # keep what the slot's last user left that this prompt begins with (at least the
+        # last prompt token is decoded again: its logits pick the first token)
+        self.n_prefilled = min(shared_prefix(target.seq_tokens(seq), self.prompt), len(self.prompt) - 1)
+        target.rewind(self.n_prefilled, force=True, seq=seq)
+        self.stats.restored_tokens = self.n_prefilled
 
     @property
     def prefilling(self) -> bool:
@@ -46,6 +52,8 @@ class SeqState(Generation):
             return []
         return self.start(rows[-1])
 
-    def release(self) -> None:
-        """Free this sequence's KV cells (finished, cancelled or failed)."""
-        self.target.rewind(0, force=True, seq=self.seq)
+    def release(self, keep: bool = False) -> None:
+        """Free this sequence's KV cells (cancelled or failed), or with `keep` (finished)
+        leave the cells its record holds for the slot's next request to start from."""
+        self.target.rewind(len(self.target.seq_tokens(self.seq)) if keep else 0, force=True, seq=self.seq)
+

@@ -40,10 +40,10 @@ from localspec.core.backend.grammar import (
 )
 from localspec.core.backend.model import Detokenizer, Model
 from localspec.core.backend.placement import LoadInfo
-from localspec.core.backend.prefix import PrefixCache
+from localspec.core.backend.prefix import PrefixCache, shared_prefix
 
 __all__ = [
-    "JSON_GBNF", "Detokenizer", "Grammar", "LoadInfo", "Model", "PrefixCache", "backends",
+    "JSON_GBNF", "Detokenizer", "Grammar", "LoadInfo", "Model", "PrefixCache", "shared_prefix", "backends",
     "captured", "check_grammar", "default_threads", "device_info", "device_name", "devices",
     "ggml_build", "has_amx", "init_backend", "is_verbose", "json_schema_grammar",
     "llama_cpp_version", "max_devices", "offload_handles", "set_verbose",

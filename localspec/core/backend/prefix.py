@@ -7,6 +7,16 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class PrefixCache:
     """Prefix reuse for anything that keeps `cached` (what its KV cache holds) and has
     `rewind(n_past)` and `decode(tokens, "last")`: Model, and the tests' fake model, so
@@ -15,12 +25,7 @@ class PrefixCache:
     cached: list[int]
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.cached, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
+        return shared_prefix(self.cached, tokens)
 
     def prefill(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
         """Make the cache hold exactly `tokens`, reusing the shared prefix.
