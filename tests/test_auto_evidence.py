@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fakes import FakeModel
+from test_auto import _NoMatch
 
 from localspec.core.drafters.auto import AcceptModel, AutoDrafter, expected_tokens
 from localspec.core.drafters.base import Draft, DrafterBase
@@ -13,16 +14,6 @@ from localspec.core.drafters.costs import CostModel
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.drafters.runs import COPY_PRIOR, PRIOR, RunModel
 from localspec.models.profile import Profile
-
-
-class _NoMatch(DrafterBase):
-    name = "ngram"
-
-    def begin(self, prompt):
-        pass
-
-    def draft(self, context, k):
-        return Draft(source="ngram")
 
 
 def _profile(v: list[float]) -> Profile:

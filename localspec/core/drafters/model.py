@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.core.backend import Model
+from localspec.core.backend import Model, shared_prefix
 from localspec.core.config import SamplingConfig
 from localspec.core.constrain import GrammarLike, constrained_argmax, constrained_probs
 from localspec.core.drafters.base import Draft, DrafterBase
@@ -36,15 +36,6 @@ log = logging.getLogger("localspec.drafters")
 def _top_prob(logits: np.ndarray) -> float:
     # the untempered softmax's largest probability: 1 / sum(exp(l - max))
     return float(1.0 / np.exp(logits - logits.max()).sum())
-
-
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class ModelDrafter(DrafterBase):
@@ -139,7 +130,7 @@ def draft_together(model: Model, reqs: Sequence[_Request]) -> tuple[int, int]:
         raise ValueError("one draft per sequence and batch")
     feeds = []
     for r in reqs:  # each sequence's cells follow its context by prefix reuse
-        keep = min(_shared(model.seq_tokens(r.seq), r.context), len(r.context) - 1)
+        keep = min(shared_prefix(model.seq_tokens(r.seq), r.context), len(r.context) - 1)
         model.rewind(keep, seq=r.seq)
         feeds.append((r.seq, r.context[keep:]))
     rows, n_decodes, n_rows = _catch_up(model, feeds)
