@@ -17,9 +17,12 @@ import pytest
 
 pytest.importorskip("uvicorn")
 from test_serve_concurrency import Server
+from test_serve_draft import _same_or_near_tie
 
 from localspec.core.backend import Model
 from localspec.core.config import ModelConfig, SpecConfig
+from localspec.serve.protocol import parse_chat
+from localspec.serve.tools import chat_prompt
 
 SLOTS = 4
 
@@ -47,7 +50,11 @@ def test_soak_16_clients_on_4_slots_lose_nothing(model):
         load = soak.Load(server.base, clients=16, requests=2, max_tokens=8, seed=1)
         report, problems = soak.run(load)
         print(report)
-        assert not problems, "\n".join(problems)
+        # a reply may part from its text alone only at a near-tie: a slot's cells for a
+        # prompt's start may have been decoded in another batch (its last request's), and
+        # batched kernels differ in the last bits (checked below, the server stopped)
+        assert not [p for p in problems if "text differs from alone" not in p], "\n".join(problems)
+        parted = [r for r in load.results if r.text is not None and r.text != load.alone[r.spec]]
         # the load was what it claims: every kind of fault, and replies that completed
         assert report["requests"] == 32 + SLOTS and report["refused_busy"] == 0
         assert all(report["faults"].values()), report["faults"]
@@ -62,3 +69,11 @@ def test_soak_16_clients_on_4_slots_lose_nothing(model):
             assert model.kv_len(seq) == len(model.seq_tokens(seq)), seq
         m = soak.metrics(server.base, None)
         assert m[("localspec_accepted_tokens_total", ())] > 0  # drafts were accepted under load
+    for r in parted:
+        _same_or_near_tie(model, _prompt_tokens(model, r.spec), load.alone[r.spec], r.text, r.spec.max_tokens)
+
+
+def _prompt_tokens(model: Model, spec) -> list[int]:
+    """The request's prompt as the server tokenizes it (chat: the model's template)."""
+    text = chat_prompt(model, parse_chat(spec.body(False)))[0] if spec.kind == "chat" else spec.prompt
+    return model.tokenize(text, add_special=True, parse_special=True)
