@@ -122,7 +122,7 @@ def test_bad_prompts_file_is_one_line_exit_2(tmp_path, content, needle):
 @pytest.mark.parametrize("args, needle", [
     (["--modes", "none,turbo"], "unknown mode turbo"),
     (["--k", "4,x"], "comma-separated integers"),
-    (["--k", "0"], "between 1 and 64"),
+    (["--k", "0"], "between 1 and 256"),
     (["--tags", "poetry"], "no workload tagged poetry"),
     (["--draft", "none", "--modes", "none,model"], "needs a draft model"),
 ])

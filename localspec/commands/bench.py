@@ -252,7 +252,7 @@ def _parse_modes(text: str, *, explicit: bool, draft: str | None) -> list[str]:
     return ["none", *dict.fromkeys(m for m in modes if m != "none")]
 
 
-def _parse_ks(text: str, flag: str = "--k", lo: int = 1, hi: int = 64) -> list[int]:
+def _parse_ks(text: str, flag: str = "--k", lo: int = 1, hi: int = 256) -> list[int]:
     try:
         ks = [int(w) for w in _words(text)]
     except ValueError:
