@@ -56,4 +56,3 @@ class SeqState(Generation):
         """Free this sequence's KV cells (cancelled or failed), or with `keep` (finished)
         leave the cells its record holds for the slot's next request to start from."""
         self.target.rewind(len(self.target.seq_tokens(self.seq)) if keep else 0, force=True, seq=self.seq)
-

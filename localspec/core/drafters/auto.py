@@ -55,7 +55,7 @@ OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
 BUDGET = 0.015  # share of plain decoding's time auto may lose to it trying unmeasured sizes
 BUDGET_FREE = 1.0  # ... plus this many one-token times
 TRY_BUDGET = 0.03  # share it may lose against the best measured choice doing so
-MODEL_REACH = 4
+MODEL_REACH = 4  # the longest draft-model plan before any run was accepted (then 2x the longest)
 MODEL_K_MAX = 32  # the draft model stops where it is unsure long before this
 
 
