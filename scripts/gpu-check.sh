@@ -162,8 +162,8 @@ fi
 run "pull the default pair" 240 localspec pull
 run "doctor" 60 localspec doctor
 run "doctor with the default pair" 120 localspec doctor -m "$TARGET" --draft "$DRAFT"
-run "GPU tests" 300 "$PY" -m pytest -m gpu -s -q -p no:cacheprovider tests/
-run "offload and doctor tests" 180 "$PY" -m pytest -q -p no:cacheprovider tests/test_doctor.py
+run "GPU tests" 300 "$PY" -m pytest -o addopts= -m gpu -s -q -p no:cacheprovider tests/
+run "offload and doctor tests" 180 "$PY" -m pytest -o addopts= -q -p no:cacheprovider tests/test_doctor.py
 
 # ----- 3. benchmarks -------------------------------------------------------------------
 run "bench_core (edit prompt)" 240 "$PY" scripts/bench_core.py --model "$TARGET" -n "$BENCH_N" --modes none,ngram:16,ngram:8

@@ -10,6 +10,35 @@ import pytest
 # (an environment that forbids writing it makes every one recompile, ~0.1-0.2 s each)
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (`-n N`), give each worker its own share of the cores: llama.cpp
+    sizes its thread pool from the CPU affinity (core/backend/ggml.default_threads), and
+    two workers each spinning a pool over both cores of a 2-core machine stall each other.
+    Processes a test starts (servers, `localspec` commands) inherit the affinity."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    i = int(worker[2:])
+    share = cores[i % len(cores)::count] or [cores[i % len(cores)]]
+    os.sched_setaffinity(0, share)
+
+
+_pin_xdist_worker()
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject's addopts): one worker per core, at most four. Each worker
+    loads the session's models and starts each module's servers once (`--dist loadfile`),
+    so more workers mostly repeat that work."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 4))
+
 TEST_MODEL = "smollm2-135m"
 TARGET = "qwen2.5-coder-1.5b"
 DRAFT = "qwen2.5-coder-0.5b"

@@ -298,7 +298,10 @@ class Scheduler:
         return st.stats.generated - before
 
     def _retire(self) -> None:
-        keep = []
+        """Retire finished, failed and cancelled requests. The reply is handed over only
+        after the books are done (slot freed, metrics counted): a client that reads
+        /metrics or /health right after its reply sees its request gone."""
+        keep, replies = [], []
         for a in self.active:
             if not (a.failed or a.state.done):
                 keep.append(a)
@@ -307,7 +310,7 @@ class Scheduler:
             if not a.failed and st.stats.stop_reason != "cancelled":
                 done = self._guard(a, st.finish)
                 if done is not None:
-                    a.job.emit(Finished(done.stats, done.text))
+                    replies.append((a.job, Finished(done.stats, done.text)))
             self._safe_release(a)
             self._count_kv(st.seq)
             t_first = st.t_first or time.perf_counter()
@@ -316,6 +319,8 @@ class Scheduler:
             with self._cv:
                 self.free.append(st.seq)
         self.active = keep
+        for job, reply in replies:
+            job.emit(reply)
 
     def _count_kv(self, seq: int) -> None:
         try:
