@@ -8,7 +8,7 @@ from dataclasses import replace
 from fakes import FakeModel
 from test_auto import _NoMatch
 
-from localspec.core.drafters.auto import AcceptModel, AutoDrafter, expected_tokens
+from localspec.core.drafters.auto import AcceptModel, AutoDrafter, SpentShare, expected_tokens
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.costs import CostModel
 from localspec.core.drafters.ngram import NgramDrafter
@@ -127,3 +127,56 @@ def test_draft_model_plans_grow_by_doubling_from_what_was_accepted():
         longest = max(longest, len(d.tokens))
         context = context + model.continuation(context, len(d.tokens) + 1)
     assert drafter.asked[0] <= 4 and drafter.asked[-1] == 32  # it does get there
+
+
+class _SometimesSure(_RightModel):
+    """Always right, but every other round unsure after its first token (it stops there,
+    as `--draft-p-min` stops the draft model): half the plans cost a fraction."""
+
+    def draft(self, context, k):
+        d = super().draft(context, k)
+        if len(self.asked) % 2:
+            d.tokens = d.tokens[:1]
+        return d
+
+
+class _InFull(SpentShare):
+    """Every plan costs as if drafted in full (what auto charged before)."""
+
+    def __call__(self, k: int) -> float:
+        return 1.0
+
+
+def _plans(spent_share: bool) -> list[int]:
+    model = FakeModel()
+    flat = replace(_profile([1.0 + 0.02 * (n - 1) for n in range(1, 34)]), draft_t_token_s=0.03)
+    drafter = _SometimesSure(model)
+    auto = AutoDrafter(_NoMatch(), drafter, flat, k_max=32, learn_costs=False)
+    if not spent_share:
+        auto.model_spent = _InFull()
+    prompt = list(range(1, 9))
+    auto.begin(prompt)
+    context = prompt + model.continuation(prompt, 1)
+    for _ in range(60):
+        d = auto.draft(context, 32)
+        auto.observe(len(d.tokens), len(d.tokens), 0.1, 0.03 * len(d.tokens))
+        context = context + model.continuation(context, len(d.tokens) + 1)
+    return drafter.asked[-10:]
+
+
+def test_a_draft_models_plans_cost_what_its_early_stops_spend():
+    # a plan of k costs V(k + 1) + k c only when drafted in full; this draft stops after
+    # one token in every other round, so long plans cost about half: auto plans longer
+    # than it would charging every plan in full
+    full, measured = _plans(False), _plans(True)
+    assert max(full) <= 4 and min(measured) >= 16
+
+
+def test_spent_share_starts_in_full_and_borrows_from_shorter_plans():
+    share = SpentShare()
+    assert share(8) == 1.0
+    for _ in range(30):
+        share.observe(8, 0.4)
+    assert share(4) == 1.0  # never planned that short: no evidence, full cost
+    assert 0.4 < share(8) < 0.5
+    assert share(16) == share(8)  # a longer plan not seen yet: the shorter one's share

@@ -27,7 +27,8 @@ hindsight from every candidate, drafted or not); the draft model's from its own 
 (probed now and then where it could pay at all, sooner while probes come back whole;
 a draft that stops short of its plan counts as ending there, and a plan reaches at most
 twice the longest run it has had accepted: positions never reached are guesses); c is
-its cost ratio.
+its cost ratio, and a plan of k is charged the share of V(k + 1) + k c that plans of k
+have spent (`SpentShare`: the draft model stops where it is unsure).
 """
 
 from __future__ import annotations
@@ -97,6 +98,34 @@ class AcceptModel:
             self.count(i, i < n_accept)
 
 
+class SpentShare:
+    """The share of a draft-model plan's full cost (verify k + 1, draft k) that rounds
+    planned at k actually spent, from decaying means per planned k: the draft model
+    stops where it is unsure (`--draft-p-min`), so a plan of 8 often drafts 3. Measured,
+    not derived from acceptance: a draft that goes wrong without stopping costs in full
+    here. A plan length not seen yet takes the share of the next shorter one seen (in
+    full, 1.0, below all of them), toward which each mean is pulled by SMOOTH."""
+
+    def __init__(self) -> None:
+        self.weight: dict[int, float] = {}
+        self.total: dict[int, float] = {}
+
+    def observe(self, planned: int, share: float) -> None:
+        for k in self.weight:
+            self.weight[k] *= DECAY
+            self.total[k] *= DECAY
+        self.weight[planned] = self.weight.get(planned, 0.0) + 1.0
+        self.total[planned] = self.total.get(planned, 0.0) + min(1.0, share)
+
+    def __call__(self, k: int) -> float:
+        out = 1.0
+        for m in sorted(self.weight):
+            if m > k:
+                break
+            out = (self.total[m] + SMOOTH * out) / (self.weight[m] + SMOOTH)
+        return out
+
+
 def expected_tokens(rates: Sequence[float]) -> float:
     """E = 1 + sum_j prod_{i<=j} a_i: tokens a round yields drafting len(rates) tokens."""
     return 1.0 + float(np.cumprod(rates).sum())
@@ -117,6 +146,7 @@ class AutoDrafter(DrafterBase):
         self.sizes = grid_sizes(k_max + 1)
         self.runs = RunModel()
         self.model_acc = AcceptModel(0.6, k_max)
+        self.model_spent = SpentShare()
         self._model_pays: bool | None = None  # the profile's verdict, when it has one
         if profile is not None and profile.c and profile.vcurve:
             calibrated = CostModel(profile, k_max, learn=False)
@@ -162,7 +192,8 @@ class AutoDrafter(DrafterBase):
             if kk and rate >= best_rate:
                 plan, best_rate = ("ngram", kk, exp, False), rate
         if self.model is not None and self._model_could_pay(k):
-            kk, exp, rate = self.choose(self.model_acc.rates(min(k, MODEL_K_MAX, self._model_reach)), self.cost.c())
+            kk, exp, rate = self.choose(self.model_acc.rates(min(k, MODEL_K_MAX, self._model_reach)), self.cost.c(),
+                                        self.model_spent)
             if kk and rate >= best_rate and (plan[0] == "none" or rate > best_rate):
                 plan, best_rate = ("model", kk, exp, False), rate
             elif plan[0] == "none" and self.rounds - self._last_probe >= self._explore_every:
@@ -183,11 +214,13 @@ class AutoDrafter(DrafterBase):
             return d
         return Draft(source="none")
 
-    def choose(self, rates: Sequence[float], c: float) -> tuple[int, float, float]:
+    def choose(self, rates: Sequence[float], c: float,
+               spent: Callable[[int], float] | None = None) -> tuple[int, float, float]:
         """(k, expected tokens, rate) for drafts of up to len(rates) tokens: the best
         measured verify size, or an unmeasured one that may be better still (judged
         by `hope`) where the budgets cover its worst case; (0, 1, 1 / V(1)) when no
-        draft beats plain decoding by MARGIN."""
+        draft beats plain decoding by MARGIN. `spent(k)`: the share of a k-token plan's
+        cost it is expected to spend (a draft model's early stops)."""
         plain = (0, 1.0, 1.0 / self.cost.v(1))
         if not len(rates):
             return plain
@@ -196,10 +229,11 @@ class AutoDrafter(DrafterBase):
         known, unknown = [plain], []
         for n in [m for m in self.sizes if 2 <= m < n_top] + [n_top]:
             e = float(expected[n - 2])
+            share = spent(n - 1) if spent is not None else 1.0
             if self.cost.settled(n):
-                known.append((n - 1, e, e / (self.cost.v(n) + (n - 1) * c)))
+                known.append((n - 1, e, e / ((self.cost.v(n) + (n - 1) * c) * share)))
             else:
-                unknown.append((n - 1, e, e / (self.cost.hope(n) + (n - 1) * c)))
+                unknown.append((n - 1, e, e / ((self.cost.hope(n) + (n - 1) * c) * share)))
         best = max(known, key=lambda o: o[2])
         self._best_known = best[2]
         for k, e, rate in sorted(unknown, key=lambda o: -o[2]):
@@ -259,6 +293,9 @@ class AutoDrafter(DrafterBase):
                                    else min(EXPLORE_EVERY, 2 * self._explore_every))
         if source == "model" and n_draft:  # n-gram acceptance is learned in hindsight (runs.py)
             self.model_acc.observe(n_draft, n_accept, planned)
+            c = self.cost.c()
+            self.model_spent.observe(planned, (self.cost.v(n_draft + 1) + n_draft * c)
+                                     / (self.cost.v(planned + 1) + planned * c))
             self._model_reach = max(self._model_reach, 2 * n_accept)
             self.cost.observe_draft(n_draft, draft_s)
         row = self.choices.setdefault((source, n_draft, probe), [0, 0.0, 0.0])
