@@ -702,3 +702,43 @@ def test_auto_chooses_k_without_adaptive_cap():
         run(model, asked, spec=SpecConfig(mode="auto", draft_max=16, adaptive=adaptive),
             gen=GenerationConfig(max_tokens=40))
         assert asked.ks[:20] == [16] * 20  # every round rejected, k still draft_max
+
+
+# ----- the prefill times verify sizes for a fresh auto policy ----------------------------
+
+
+def _auto(profile=None, k_max=64):
+    from localspec.core.drafters.auto import AutoDrafter
+
+    return AutoDrafter(NgramDrafter(), None, profile, k_max=k_max)
+
+
+def test_a_fresh_auto_times_verify_sizes_while_prefilling():
+    model = FakeModel(n_ctx=1024)
+    prompt = [(i * 7) % 50 + 1 for i in range(300)]
+    auto = _auto()
+    _, ids, _, stats = run(model, auto, prompt=prompt, gen=GenerationConfig(max_tokens=24))
+    plain_model = FakeModel(n_ctx=1024)
+    _, plain_ids, _, _ = run(plain_model, NoDrafter(), prompt=prompt, gen=GenerationConfig(max_tokens=24))
+    assert ids == plain_ids and stats.prefill_tokens == len(prompt)
+    check_cache(model, prompt, ids)
+    # 299 tokens before the last: at most 149 timed, largest first (64 + 32 + 16 + 8),
+    # the rest first in one batch, the last token alone
+    assert model.calls[:6] == [("decode", 299 - 120), ("decode", 64), ("decode", 32),
+                               ("decode", 16), ("decode", 8), ("decode", 1)]
+    assert all(auto.cost.seconds(n) is not None for n in (8, 16, 32, 64))
+    assert auto.cost.seconds(128) is None  # it would not fit in half the prompt
+
+
+def test_sizes_already_measured_are_not_timed_again():
+    from localspec.models.profile import Profile
+
+    tuned = Profile(key="k", target="t", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                    t_token_s=0.1, vcurve=[1.0 + 0.5 * n for n in range(65)], prefill_tok_s=100.0)
+    prompt = [(i * 7) % 50 + 1 for i in range(300)]
+    model = FakeModel(n_ctx=1024)
+    run(model, _auto(tuned), prompt=prompt, gen=GenerationConfig(max_tokens=8))
+    assert model.calls[0] == ("prefill", 300)  # tune measured V(1..65): one prefill batch
+    short = FakeModel(n_ctx=1024)
+    run(short, _auto(), prompt=prompt[:12], gen=GenerationConfig(max_tokens=8))
+    assert short.calls[0] == ("prefill", 12)  # too short a prompt to spare any
