@@ -40,7 +40,7 @@ import numpy as np
 
 from localspec.core.config import ModelConfig, SpecConfig
 from localspec.core.drafters.auto import AutoDrafter
-from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter, calibration
+from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import AdaptiveK
 from localspec.models.profile import Profile, merge_online
@@ -119,9 +119,6 @@ def replay(trace: dict, drafter, v: list[float], c: float, k_max: int, adaptive:
     ids, rng = trace["ids"], random.Random(seed)
     policy = AdaptiveK(SpecConfig(mode="replay", draft_max=k_max, adaptive=adaptive))
     drafter.begin(trace["prompt"])
-    for n in [*calibration(drafter, len(trace["prompt"])), 1]:  # timed during the prefill
-        if n > 1 or hasattr(drafter, "observe_calibration"):
-            drafter.observe_calibration(n, v[n - 1] * (math.exp(rng.gauss(0, noise)) if noise else 1.0))
     tokens, done, total = [*trace["prompt"], ids[0]], 1, 0.0
     while done < len(ids):
         k = min(policy.k, len(ids) - done - 1)

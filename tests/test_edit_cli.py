@@ -48,12 +48,6 @@ def edit_proc(*args: str, input: bytes = b"", cwd: Path | None = None) -> subpro
     )
 
 
-def _beside(folder: Path) -> list[str]:
-    """The files in `folder` (a test's tmp_path) but the user state dir conftest puts
-    there (LOCALSPEC_HOME: the profile auto stores) and its empty model stores."""
-    return sorted(x.name for x in folder.iterdir() if x.name not in ("home", "stores"))
-
-
 def one_line_error(result, exit_code: int = 2) -> str:
     assert result.exit_code == exit_code, result.output
     assert "Traceback" not in result.output
@@ -118,7 +112,7 @@ def test_truncated_generation_writes_nothing(tmp_path, smol_path):
     assert result.exit_code == 1, result.output
     assert "nothing written" in result.output
     assert p.read_text() == SMALL and p.stat().st_mtime_ns == before
-    assert _beside(tmp_path) == ["small.py"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["small.py"]
 
 
 def test_no_changes_leaves_file_untouched(tmp_path, smol_path):
@@ -162,7 +156,7 @@ def test_ctrl_c_writes_nothing(tmp_path, smol_path):
     assert proc.returncode == 130, err.decode()[-2000:]
     assert b"Traceback" not in err
     assert p.read_bytes() == original
-    assert _beside(tmp_path) == ["inventory.py"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["inventory.py"]
 
 
 def _prefill(stderr: str) -> tuple[int, int]:

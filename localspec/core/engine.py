@@ -28,7 +28,7 @@ from localspec.core.constrain import (
     constrained_argmax,
     constrained_probs,
 )
-from localspec.core.drafters.base import Draft, Drafter, calibration, constrain
+from localspec.core.drafters.base import Draft, Drafter, constrain
 from localspec.core.errors import ContextFull
 from localspec.core.events import (
     Done,
@@ -318,27 +318,6 @@ class Generation:
         return Done(self.stats, self.out.tail())
 
 
-def _prefill(target: Model, prompt: Sequence[int], drafter: Drafter) -> tuple[np.ndarray, int]:
-    """target.prefill (reusing a cached prefix), where the drafter wants verify sizes
-    timed (auto's first runs: `calibration`) with the prompt's last tokens decoded in
-    batches of those sizes with every row's logits, as verifies are, and the very last
-    one alone, as a plain round is. The rest goes first, in one batch: it also brings
-    the weights into memory before anything is timed."""
-    keep = min(target.common_prefix(prompt), len(prompt) - 1)
-    sizes = calibration(drafter, len(prompt) - keep)
-    if not sizes:
-        return target.prefill(prompt)
-    target.rewind(keep)
-    at = len(prompt) - 1 - sum(sizes)
-    target.decode(prompt[keep:at], "last")
-    for n in [*sizes, 1]:
-        t0 = time.perf_counter()
-        rows = target.decode(prompt[at : at + n], "all" if n > 1 else "last")
-        drafter.observe_calibration(n, time.perf_counter() - t0)
-        at += n
-    return rows[0], len(prompt) - keep
-
-
 def generate(
     target: Model,
     prompt: Sequence[int],
@@ -356,7 +335,7 @@ def generate(
     g = Generation(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen)
     models = [m for m in (target, draft_model) if m is not None]
     try:
-        logits, g.stats.prefill_tokens = _prefill(target, prompt, drafter)
+        logits, g.stats.prefill_tokens = target.prefill(prompt)  # reuses a cached prefix
         llama1 = sum(m.llama_s for m in models)
         yield from g.start(logits)
         while not g.done:

@@ -58,8 +58,6 @@ BUDGET_FREE = 1.0  # ... plus this many one-token times
 TRY_BUDGET = 0.03  # share it may lose against the best measured choice doing so
 MODEL_REACH = 4  # the longest draft-model plan before any run was accepted (then 2x the longest)
 MODEL_K_MAX = 32  # the draft model stops where it is unsure long before this
-CALIBRATE = (256, 128, 64, 32, 16, 8)  # verify sizes a run times while prefilling its
-# prompt when nothing has measured them yet (in at most half of the prompt's tokens)
 
 
 class AcceptModel:
@@ -172,27 +170,6 @@ class AutoDrafter(DrafterBase):
         self.ngram.begin(prompt)
         if self.model is not None:
             self.model.begin(prompt)
-
-    def calibration(self, n_prefill: int) -> list[int]:
-        """Verify sizes to time while the prompt's last n_prefill tokens are prefilled:
-        those of CALIBRATE up to --draft-max + 1 that neither tune nor an earlier run
-        measured, largest first, in at most half of those tokens. They are prefilled
-        anyway; what it costs is their logits rows and smaller batches (a few percent of
-        the prefill), and it only happens until the profile stores what it measured. An
-        edit's first run then knows V(64)..V(256) before its first draft."""
-        if not self.cost.learn:
-            return []
-        sizes, room = [], (n_prefill - 1) // 2
-        for n in CALIBRATE:
-            if n <= min(room, self.k_max + 1) and not self.cost.known(n):
-                sizes.append(n)
-                room -= n
-        return sizes
-
-    def observe_calibration(self, n: int, seconds: float) -> None:
-        """A timed decode of n prompt tokens with every row's logits (n = 1: the prompt's
-        last token, a one-token decode)."""
-        self.cost.observe_verify(n, seconds)
 
     def constrain(self, grammar: object | None) -> None:
         constrain(self.ngram, grammar)

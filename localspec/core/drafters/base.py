@@ -47,10 +47,6 @@ class Drafter(Protocol):
     # optional: constrain(grammar) -> None. The generation's output grammar (None: free
     # text), given at its start; at every draft() call it is in its state after `context`.
     # A drafter that drafts within it (ModelDrafter) clones it and never advances it.
-    # optional: calibration(n_prefill) -> list[int] and observe_calibration(n, seconds):
-    # verify sizes the drafter wants timed while the prompt's last n_prefill tokens are
-    # prefilled (with every row's logits, as a verify), and each one's time (the auto
-    # policy's cost model; see `calibration` below).
 
 
 def constrain(drafter: Drafter, grammar: object | None) -> None:
@@ -58,13 +54,6 @@ def constrain(drafter: Drafter, grammar: object | None) -> None:
     hook = getattr(drafter, "constrain", None)
     if hook is not None:
         hook(grammar)
-
-
-def calibration(drafter: Drafter, n_prefill: int) -> list[int]:
-    """The verify sizes `drafter` wants timed during a prefill of n_prefill tokens
-    (optional in the protocol: none)."""
-    hook = getattr(drafter, "calibration", None)
-    return list(hook(n_prefill)) if hook is not None else []
 
 
 class DrafterBase:
