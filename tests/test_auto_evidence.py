@@ -180,3 +180,25 @@ def test_spent_share_starts_in_full_and_borrows_from_shorter_plans():
     assert share(4) == 1.0  # never planned that short: no evidence, full cost
     assert 0.4 < share(8) < 0.5
     assert share(16) == share(8)  # a longer plan not seen yet: the shorter one's share
+
+
+def test_a_failed_trial_does_not_lock_auto_out_of_sizes_it_has_timed():
+    # a fresh edit: plain rounds time one token (0.1 s); a 5-token draft verified at
+    # 0.21 s (V(6) = 2.1, timed once) came back whole; then a 27-token trial failed at
+    # 1.75 s (V(28) = 17.5 for 3 tokens): drafting has lost more than its budget. Sizes
+    # it has timed are still drafted at their worst case (no trying budget needed), or
+    # one failed trial keeps an edit at plain decoding to its end
+    text = list(range(100, 400))
+    prompt = [*text, 1, 2]
+    auto = AutoDrafter(NgramDrafter(3, 12, extra=text), None, None, k_max=64)
+    auto.begin(prompt)
+    for _ in range(3):
+        auto.observe(0, 0, 0.1, 0.0)
+    auto._last = ("ngram", 5, 5.0, False)
+    auto.observe(5, 5, 0.21, 0.0)
+    auto._last = ("ngram", 27, 15.8, False)
+    auto.observe(27, 2, 1.75, 0.0)
+    assert auto.deficit() > 0 and not auto._affordable(6, 5.0, 0.0, 1.0)
+    context = [*prompt, *text[:120]]  # the reply has copied 120 tokens of the text
+    d = auto.draft(context, 64)
+    assert d.source == "ngram" and len(d.tokens) == 5

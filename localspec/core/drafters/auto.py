@@ -12,7 +12,9 @@ tune` measured, else a guess. A verify size nobody has measured is only tried wh
 worst case fits a budget: the time auto has lost to plain decoding so far (measured:
 each drafted round's verify time against the one-token time of the tokens it gave) plus
 the worst case must stay under BUDGET of the time plain decoding would have taken, and
-a size tried once is measured. Well-accepted long copies are free to try
+a size tried once is measured: from then on it is drafted at its worst case (JAG x its
+time) with no budget, so one failed trial cannot keep a run at plain decoding (it would
+have to repay its loss at BUDGET a token: an edit's whole length). Well-accepted long copies are free to try
 (their worst case, n one-token decodes, buys about n tokens), so an edit climbs to long
 drafts in its first rounds, while a prose reply risks at most a percent or two before
 the measurements say whether short drafts pay on this machine. What a run measured is
@@ -232,6 +234,9 @@ class AutoDrafter(DrafterBase):
             share = spent(n - 1) if spent is not None else 1.0
             if self.cost.settled(n):
                 known.append((n - 1, e, e / ((self.cost.v(n) + (n - 1) * c) * share)))
+            elif self.cost.known(n):  # timed once or twice: at its worst case, no budget
+                known.append((n - 1, e, e / ((self.cost.upper(n) + (n - 1) * c) * share)))
+                unknown.append((n - 1, e, e / ((self.cost.hope(n) + (n - 1) * c) * share)))
             else:
                 unknown.append((n - 1, e, e / ((self.cost.hope(n) + (n - 1) * c) * share)))
         best = max(known, key=lambda o: o[2])
