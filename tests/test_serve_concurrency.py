@@ -364,3 +364,35 @@ def test_a_request_runs_the_engines_round(model):
     for name in ("rounds", "draft_rounds", "drafted", "accepted", "drafted_by_pos", "accepted_by_pos",
                  "stop_reason", "policy", "prefill_tokens"):
         assert getattr(done.stats, name) == getattr(stats, name), name
+
+
+def test_a_reply_or_failure_is_sent_once_its_slot_is_free(model):
+    # a client that reads /health or /metrics right after its reply must not see its
+    # request still active: the scheduler hands the last event over after the books
+    marker = model.tokenize(BOOM, add_special=False)[1:-1]
+    sched = Scheduler(model, SchedulerConfig(n_slots=2, spec=SpecConfig(mode="ngram", draft_max=4),
+                                             spec_disable_by_batch_size=-1),
+                      drafter_factory=lambda spec, sampling, extra: _BoomDrafter(marker))
+    jobs: dict[str, Job] = {}
+    seen: dict[str, tuple[str, bool]] = {}  # name -> (last event, still active when it came)
+    ended = threading.Event()
+
+    def sink_for(name: str):
+        def sink(ev: object) -> None:  # on the scheduler thread
+            if isinstance(ev, (Finished, Failed)):
+                seen[name] = (type(ev).__name__, any(a.job is jobs[name] for a in sched.active))
+                if len(seen) == len(jobs):
+                    ended.set()
+        return sink
+
+    sched.start()
+    try:
+        for name, text in (("ok", PROMPTS[0]), ("boom", BOOM)):
+            jobs[name] = Job(prompt=model.tokenize(text), sampling=SamplingConfig(temperature=0.0),
+                             gen=GenerationConfig(max_tokens=6), sink=sink_for(name))
+        for job in jobs.values():
+            sched.submit(job)
+        assert ended.wait(120)
+    finally:
+        sched.stop()
+    assert seen == {"ok": ("Finished", False), "boom": ("Failed", False)}

@@ -60,6 +60,7 @@ class _Active:
     job: Job
     state: SeqState
     failed: bool = False
+    failure: Failed | None = None  # handed over when the request is retired
 
 
 class Scheduler:
@@ -173,7 +174,7 @@ class Scheduler:
             for a in self.active:
                 self._safe_release(a)
                 self._count_kv(a.state.seq)
-                a.job.emit(Failed("the server is shutting down", 503))
+                a.job.emit(a.failure or Failed("the server is shutting down", 503))
             self.active = []
 
     def _admit(self) -> None:
@@ -298,9 +299,9 @@ class Scheduler:
         return st.stats.generated - before
 
     def _retire(self) -> None:
-        """Retire finished, failed and cancelled requests. The reply is handed over only
-        after the books are done (slot freed, metrics counted): a client that reads
-        /metrics or /health right after its reply sees its request gone."""
+        """Retire finished, failed and cancelled requests. The reply (or the failure) is
+        handed over only after the books are done (slot freed, metrics counted): a client
+        that reads /metrics or /health right after its reply sees its request gone."""
         keep, replies = [], []
         for a in self.active:
             if not (a.failed or a.state.done):
@@ -311,6 +312,8 @@ class Scheduler:
                 done = self._guard(a, st.finish)
                 if done is not None:
                     replies.append((a.job, Finished(done.stats, done.text)))
+            if a.failure is not None:
+                replies.append((a.job, a.failure))
             self._safe_release(a)
             self._count_kv(st.seq)
             t_first = st.t_first or time.perf_counter()
@@ -342,7 +345,7 @@ class Scheduler:
             return
         log.error("request failed: %s", exc, exc_info=exc)
         a.failed = True
-        a.job.emit(Failed(f"generation failed: {exc}"))
+        a.failure = Failed(f"generation failed: {exc}")  # sent once its slot is freed
 
     def _safe_release(self, a: _Active) -> None:
         try:
