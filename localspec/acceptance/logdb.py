@@ -122,17 +122,27 @@ def connect(path: Path | str | None = None) -> sqlite3.Connection:
     Autocommit connection: each statement is its own short transaction."""
     path = Path(path) if path is not None else db_path()
     paths.ensure(path.parent)
-    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-    try:
-        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_MS)}")
-        if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            db.execute("PRAGMA journal_mode = WAL")  # persistent: set once per file
-        db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: no corruption, fewer fsyncs
-        migrate(db)
-    except BaseException:
-        db.close()
-        raise
-    return db
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        try:
+            db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_MS)}")
+            if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                db.execute("PRAGMA journal_mode = WAL")  # persistent: set once per file
+            db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: no corruption, fewer fsyncs
+            migrate(db)
+            return db
+        except sqlite3.OperationalError as exc:
+            db.close()
+            # switching a new file to WAL while other processes open it can be refused at
+            # once ("database is locked": SQLite does not wait where waiting could
+            # deadlock): try again, within the same timeout
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02 + 0.03 * (os.getpid() % 7) / 7)
+        except BaseException:
+            db.close()
+            raise
 
 
 # ----- writing ----------------------------------------------------------------------
