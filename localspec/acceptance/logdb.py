@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import sys
 import time
@@ -139,7 +140,7 @@ def connect(path: Path | str | None = None) -> sqlite3.Connection:
             # deadlock): try again, within the same timeout
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
-            time.sleep(0.02 + 0.03 * (os.getpid() % 7) / 7)
+            time.sleep(random.uniform(0.02, 0.05))  # apart from the others retrying
         except BaseException:
             db.close()
             raise

@@ -59,8 +59,11 @@ class SchedulerConfig:
 class _Active:
     job: Job
     state: SeqState
-    failed: bool = False
     failure: Failed | None = None  # handed over when the request is retired
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
 
 
 class Scheduler:
@@ -344,7 +347,6 @@ class Scheduler:
         if a.failed:
             return
         log.error("request failed: %s", exc, exc_info=exc)
-        a.failed = True
         a.failure = Failed(f"generation failed: {exc}")  # sent once its slot is freed
 
     def _safe_release(self, a: _Active) -> None:

@@ -231,14 +231,14 @@ class AutoDrafter(DrafterBase):
         known, unknown = [plain], []
         for n in [m for m in self.sizes if 2 <= m < n_top] + [n_top]:
             e = float(expected[n - 2])
-            share = spent(n - 1) if spent is not None else 1.0
+            # rate at a verify time v: scale / (v + drafting), in tokens per one-token time
+            scale, drafting = e / (spent(n - 1) if spent is not None else 1.0), (n - 1) * c
             if self.cost.settled(n):
-                known.append((n - 1, e, e / ((self.cost.v(n) + (n - 1) * c) * share)))
-            elif self.cost.known(n):  # timed once or twice: at its worst case, no budget
-                known.append((n - 1, e, e / ((self.cost.upper(n) + (n - 1) * c) * share)))
-                unknown.append((n - 1, e, e / ((self.cost.hope(n) + (n - 1) * c) * share)))
-            else:
-                unknown.append((n - 1, e, e / ((self.cost.hope(n) + (n - 1) * c) * share)))
+                known.append((n - 1, e, scale / (self.cost.v(n) + drafting)))
+                continue
+            if self.cost.known(n):  # timed once or twice: at its worst case, no budget
+                known.append((n - 1, e, scale / (self.cost.upper(n) + drafting)))
+            unknown.append((n - 1, e, scale / (self.cost.hope(n) + drafting)))
         best = max(known, key=lambda o: o[2])
         self._best_known = best[2]
         for k, e, rate in sorted(unknown, key=lambda o: -o[2]):
