@@ -252,3 +252,13 @@ def test_zero_cap_turns_it_off(smol, tmp_path, monkeypatch):
     forget(smol)
     use = warm_prefix(smol, prompt[:n], cache)
     assert not use.stored and use.decoded == n and not (tmp_path / "off").exists()
+
+
+@pytest.mark.parametrize(("a", "b", "n"), [
+    ([], [1, 2], 0), ([1, 2, 3], [1, 2, 3], 3), ([1, 2, 3], [1, 2], 2), ([1, 2], [1, 2, 3], 2),
+    ([5, 2], [1, 2], 0), ([1, 2, 4, 9], [1, 2, 3, 9], 2), (np.arange(3000), list(range(2999)) + [7], 2999),
+])
+def test_shared_prefix_counts_the_common_start(a, b, n):
+    from localspec.core.backend import shared_prefix
+
+    assert shared_prefix(a, b) == n

@@ -187,12 +187,13 @@ class Scheduler:
                 continue
             # the free slot that holds the longest start of this prompt (prefilled already)
             held = [shared_prefix(self.target.seq_tokens(s), job.prompt) for s in self.free]
-            seq = self.free.pop(held.index(max(held)))
+            best = held.index(max(held))
+            seq = self.free.pop(best)
             try:
                 self._free_draft(seq)  # whatever the slot's last user left
                 drafter = self._drafter(job, seq)
                 state = SeqState(self.target, seq, job.prompt, drafter, sampling=job.sampling,
-                                 spec=self.cfg.spec, gen=job.gen)
+                                 spec=self.cfg.spec, gen=job.gen, held=held[best])
             except Exception as exc:
                 log.exception("could not start a request")
                 self.free.append(seq)

@@ -26,11 +26,15 @@ class SeqState(Generation):
     """A generation in progress on sequence `seq` of `target`, prefilled in chunks."""
 
     def __init__(self, target: Model, seq: int, prompt: Sequence[int], drafter: Drafter, *,
-                 sampling: SamplingConfig, spec: SpecConfig, gen: GenerationConfig) -> None:
+                 sampling: SamplingConfig, spec: SpecConfig, gen: GenerationConfig,
+                 held: int | None = None) -> None:
         super().__init__(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen, seq=seq)
-        # keep what the slot's last user left that this prompt begins with (at least the
-        # last prompt token is decoded again: its logits pick the first token)
-        self.n_prefilled = min(shared_prefix(target.seq_tokens(seq), self.prompt), len(self.prompt) - 1)
+        # keep what the slot's last user left that this prompt begins with (`held`, where
+        # the caller measured it; at least the last prompt token is decoded again: its
+        # logits pick the first token)
+        if held is None:
+            held = shared_prefix(target.seq_tokens(seq), self.prompt)
+        self.n_prefilled = min(held, len(self.prompt) - 1)
         target.rewind(self.n_prefilled, force=True, seq=seq)
         self.stats.restored_tokens = self.n_prefilled
 

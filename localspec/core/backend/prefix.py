@@ -9,12 +9,12 @@ import numpy as np
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens a and b share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64)
+    first = int(differ.argmax())
+    return first if differ[first] else n
 
 
 class PrefixCache:
