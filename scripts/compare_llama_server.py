@@ -8,8 +8,11 @@ ids (`/completion` accepts a token list) once per setting: plain, and each --spe
 each draft length; its `timings` give predicted_per_second, draft_n and
 draft_n_accepted. Then localspec decodes the same tokens plain and with edit's default
 setting (or --edit-args). The table shows each tool's decode speedup over its OWN plain
-run, and localspec's speedup over the best llama-server setting (the bar: >= 1.2x).
-Decode speed excludes the prefill on both sides.
+run, and localspec's speedup over the best llama-server setting (the bar: >= 1.2x), and
+localspec's tok/s over the fastest llama-server run's. Decode speed excludes the prefill
+on both sides. Every setting's server is up at once and each workload runs all variants
+of both tools back to back (--repeat N: N such passes, medians shown), so a drift in
+the machine's speed (a noisy neighbour, heat) does not land on one tool.
 
 Draft length: in this llama.cpp, `--spec-draft-n-max` caps only model drafts; an n-gram
 draft is the m-gram after the match, `--spec-ngram-simple-size-m` / `--spec-ngram-map-k-
@@ -34,6 +37,7 @@ llama-cpp-python vendors, so both sides run the same kernels (about 10 minutes o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import math
@@ -222,6 +226,13 @@ class Row:
     prompt_tokens: int
     server: dict[str, Gen] = field(default_factory=dict)
     local: dict[str, Gen] = field(default_factory=dict)
+    runs: dict[tuple[str, str], list[Gen]] = field(default_factory=dict)
+
+    def add(self, side: str, label: str, g: Gen) -> None:
+        """One more run of a variant; the row keeps the median-speed one of each."""
+        got = self.runs.setdefault((side, label), [])
+        got.append(g)
+        (self.server if side == "server" else self.local)[label] = sorted(got, key=lambda x: x.tok_s)[len(got) // 2]
 
     def up(self, side: dict[str, Gen], label: str) -> float | None:
         base, g = side.get("plain"), side.get(label)
@@ -237,6 +248,12 @@ class Row:
     def ratio(self) -> float | None:
         best, mine = self.best_server, self.up(self.local, "default")
         return mine / best[1] if best and mine else None
+
+    @property
+    def absolute(self) -> float | None:
+        """localspec's default tok/s over the fastest llama-server run's (plain included)."""
+        mine, fastest = self.local.get("default"), max((g.tok_s for g in self.server.values()), default=0)
+        return mine.tok_s / fastest if mine and fastest else None
 
 
 def load_tasks(which: list[str], only: int) -> list[wl.Workload]:
@@ -263,7 +280,7 @@ def table(rows: list[Row], settings: list[Setting]) -> Table:
               title_justify="left")
     spec_labels = [s.label for s in settings if s.kind != "plain"]
     for col in ["workload", "prompt", "server plain tok/s", *spec_labels, "localspec plain tok/s",
-                "localspec default", f"vs best server (bar {BAR}x)", "plain texts"]:
+                "localspec default", f"vs best server (bar {BAR}x)", "tok/s vs fastest server", "plain texts"]:
         t.add_column(col, justify="left" if col in ("workload", "plain texts") else "right")
     for r in rows:
         best = r.best_server
@@ -273,11 +290,11 @@ def table(rows: list[Row], settings: list[Setting]) -> Table:
         t.add_row(r.name, str(r.prompt_tokens), fmt(sp.tok_s if sp else None, ""), *cells,
                   fmt(lp.tok_s if lp else None, ""),
                   fmt(r.up(r.local, "default")) + _acc(r.local.get("default")),
-                  fmt(r.ratio) + (f" ({best[0]})" if best else ""), same)
+                  fmt(r.ratio) + (f" ({best[0]})" if best else ""), fmt(r.absolute), same)
     t.add_section()
     t.add_row("geomean", "", "", *[fmt(geomean([r.up(r.server, lab) for r in rows])) for lab in spec_labels],
               "", fmt(geomean([r.up(r.local, "default") for r in rows])),
-              fmt(geomean([r.ratio for r in rows])), "")
+              fmt(geomean([r.ratio for r in rows])), fmt(geomean([r.absolute for r in rows])), "")
     return t
 
 
@@ -310,6 +327,8 @@ def main() -> None:
     ap.add_argument("-c", "--ctx", type=int, default=8192)
     ap.add_argument("--server-args", default="", help="extra llama-server flags for every run")
     ap.add_argument("--edit-args", default="", help="flags for localspec's side, as for `localspec edit`")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every variant this many times; the table shows each one's median run")
     ap.add_argument("--json", default=None, metavar="FILE", help="also save the numbers here")
     args = ap.parse_args()
 
@@ -329,35 +348,51 @@ def main() -> None:
         console.print(f"llama-server {exe} (commit {server_commit(exe)}), localspec's llama.cpp "
                       f"{backend.ggml_build()['commit']}; target {rt.target.name}, {args.threads} threads; "
                       f"localspec default: {spec}")
-        run_servers(exe, rt, settings, args, preps, rows, console)
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+            servers = start_servers(stack, exe, rt, settings, args, Path(tmp), console)
             cache = PrefixStore(Path(tmp), cap=1 << 40, min_tokens=1)
-            for p, row in zip(preps, rows):
-                for label, sp in (("plain", plain_spec), ("default", spec)):
-                    draft = rt.draft if sp.mode in ("model", "hybrid", "auto") else None
-                    row.local[label] = run_localspec(rt, p, sp, sampling, draft, cache)
-                    console.print(f"  localspec {label:8} {row.name}: {row.local[label].tok_s:.2f} tok/s")
+            local = (("plain", plain_spec), ("default", spec))
+            # plain runs side by side, then the speculative ones: a drift in the machine's
+            # speed (a noisy neighbour, heat) lands on both tools
+            order = [("server", "plain"), ("local", "plain"),
+                     *[("server", lab) for lab in servers if lab != "plain"], ("local", "default")]
+            for _ in range(args.repeat):
+                for p, row in zip(preps, rows):
+                    for side, label in order:
+                        if side == "server" and label in servers:
+                            g = servers[label].complete(p.tokens, p.max_tokens, p.fence or "```")
+                        elif side == "local":
+                            sp = dict(local)[label]
+                            draft = rt.draft if sp.mode in ("model", "hybrid", "auto") else None
+                            g = run_localspec(rt, p, sp, sampling, draft, cache)
+                        else:
+                            continue
+                        row.add(side, label, g)
+                        console.print(f"  {'llama-server' if side == 'server' else 'localspec':12} "
+                                      f"{label:17} {row.name}: {g.tok_s:.2f} tok/s")
     Console(width=220).print(table(rows, settings))
     if args.json:
         Path(args.json).write_text(json.dumps([{"workload": r.name, "prompt_tokens": r.prompt_tokens,
             "server": {k: g.__dict__ for k, g in r.server.items()},
-            "localspec": {k: g.__dict__ for k, g in r.local.items()}, "ratio": r.ratio} for r in rows],
+            "localspec": {k: g.__dict__ for k, g in r.local.items()}, "ratio": r.ratio,
+            "absolute": r.absolute} for r in rows],
             indent=2) + "\n")
 
 
-def run_servers(exe: Path, rt, settings: list[Setting], args, preps, rows, console) -> None:
-    with tempfile.TemporaryDirectory() as log_dir:
-        for s in settings:
-            try:
-                with Server(exe, rt.target.path, s, args, rt.target.info.n_gpu_layers, Path(log_dir)) as srv:
-                    for p, row in zip(preps, rows):
-                        row.server[s.label] = srv.complete(p.tokens, p.max_tokens, p.fence or "```")
-                        console.print(f"  llama-server {s.label:17} {row.name}: "
-                                      f"{row.server[s.label].tok_s:.2f} tok/s")
-            except RuntimeError as exc:
-                log = Path(str(exc).rsplit("see ", 1)[-1])
-                tail = log.read_text(errors="replace")[-2000:] if log.is_file() else ""
-                console.print(f"[red]{s.label}: {exc}[/red]\n{tail}")
+def start_servers(stack: contextlib.ExitStack, exe: Path, rt, settings: list[Setting], args,
+                  log_dir: Path, console) -> dict[str, Server]:
+    """One llama-server per setting, all up at once (idle ones take no CPU), so each
+    workload runs every variant of both tools back to back."""
+    servers = {}
+    for s in settings:
+        try:
+            servers[s.label] = stack.enter_context(
+                Server(exe, rt.target.path, s, args, rt.target.info.n_gpu_layers, log_dir))
+        except RuntimeError as exc:
+            log = Path(str(exc).rsplit("see ", 1)[-1])
+            tail = log.read_text(errors="replace")[-2000:] if log.is_file() else ""
+            console.print(f"[red]{s.label}: {exc}[/red]\n{tail}")
+    return servers
 
 
 if __name__ == "__main__":
