@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.core.backend import Model, shared_prefix
+from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
 from localspec.core.engine import Event, Generation
@@ -27,13 +27,11 @@ class SeqState(Generation):
 
     def __init__(self, target: Model, seq: int, prompt: Sequence[int], drafter: Drafter, *,
                  sampling: SamplingConfig, spec: SpecConfig, gen: GenerationConfig,
-                 held: int | None = None) -> None:
+                 held: int) -> None:
         super().__init__(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen, seq=seq)
-        # keep what the slot's last user left that this prompt begins with (`held`, where
-        # the caller measured it; at least the last prompt token is decoded again: its
-        # logits pick the first token)
-        if held is None:
-            held = shared_prefix(target.seq_tokens(seq), self.prompt)
+        # keep what the slot's last user left that this prompt begins with (`held` tokens,
+        # as the scheduler measured to choose the slot; at least the last prompt token is
+        # decoded again: its logits pick the first token)
         self.n_prefilled = min(held, len(self.prompt) - 1)
         target.rewind(self.n_prefilled, force=True, seq=seq)
         self.stats.restored_tokens = self.n_prefilled
