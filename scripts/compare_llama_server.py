@@ -6,7 +6,7 @@ For each edit task (localspec/workloads/edit/tasks.jsonl and scripts/heldout/tas
 the prompt is built exactly as `localspec edit` builds it. llama-server gets those token
 ids (`/completion` accepts a token list) once per setting: plain, and each --spec-type at
 each draft length; its `timings` give predicted_per_second, draft_n and
-draft_n_accepted. Then localspec decodes the same tokens plain and with edit's default
+draft_n_accepted. localspec decodes the same tokens plain and with edit's default
 setting (or --edit-args). The table shows each tool's decode speedup over its OWN plain
 run, and localspec's speedup over the best llama-server setting (the bar: >= 1.2x), and
 localspec's tok/s over the fastest llama-server run's. Decode speed excludes the prefill
@@ -224,15 +224,23 @@ def run_localspec(rt, prep: wl.Prepared, spec, sampling, draft, cache: PrefixSto
 class Row:
     name: str
     prompt_tokens: int
-    server: dict[str, Gen] = field(default_factory=dict)
-    local: dict[str, Gen] = field(default_factory=dict)
-    runs: dict[tuple[str, str], list[Gen]] = field(default_factory=dict)
+    runs: dict[tuple[str, str], list[Gen]] = field(default_factory=dict)  # (side, label) -> runs
 
     def add(self, side: str, label: str, g: Gen) -> None:
-        """One more run of a variant; the row keeps the median-speed one of each."""
-        got = self.runs.setdefault((side, label), [])
-        got.append(g)
-        (self.server if side == "server" else self.local)[label] = sorted(got, key=lambda x: x.tok_s)[len(got) // 2]
+        self.runs.setdefault((side, label), []).append(g)
+
+    def _medians(self, side: str) -> dict[str, Gen]:
+        """Each variant's median-speed run on one side."""
+        return {label: sorted(got, key=lambda x: x.tok_s)[len(got) // 2]
+                for (s, label), got in self.runs.items() if s == side}
+
+    @property
+    def server(self) -> dict[str, Gen]:
+        return self._medians("server")
+
+    @property
+    def local(self) -> dict[str, Gen]:
+        return self._medians("local")
 
     def up(self, side: dict[str, Gen], label: str) -> float | None:
         base, g = side.get("plain"), side.get(label)
@@ -351,22 +359,21 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
             servers = start_servers(stack, exe, rt, settings, args, Path(tmp), console)
             cache = PrefixStore(Path(tmp), cap=1 << 40, min_tokens=1)
-            local = (("plain", plain_spec), ("default", spec))
+            local = {"plain": plain_spec, "default": spec}
             # plain runs side by side, then the speculative ones: a drift in the machine's
             # speed (a noisy neighbour, heat) lands on both tools
             order = [("server", "plain"), ("local", "plain"),
                      *[("server", lab) for lab in servers if lab != "plain"], ("local", "default")]
+            order = [(side, lab) for side, lab in order if side == "local" or lab in servers]
             for _ in range(args.repeat):
                 for p, row in zip(preps, rows):
                     for side, label in order:
-                        if side == "server" and label in servers:
+                        if side == "server":
                             g = servers[label].complete(p.tokens, p.max_tokens, p.fence or "```")
-                        elif side == "local":
-                            sp = dict(local)[label]
+                        else:
+                            sp = local[label]
                             draft = rt.draft if sp.mode in ("model", "hybrid", "auto") else None
                             g = run_localspec(rt, p, sp, sampling, draft, cache)
-                        else:
-                            continue
                         row.add(side, label, g)
                         console.print(f"  {'llama-server' if side == 'server' else 'localspec':12} "
                                       f"{label:17} {row.name}: {g.tok_s:.2f} tok/s")
