@@ -22,6 +22,7 @@ def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):
     assert len(v) == 24 and v[0] == 1.0 and all(x > 0 for x in v)
     assert out["t_token_s"] > 0 and out["prefill_tok_s"] > 0
     assert out["draft_t_token_s"] > 0 and out["n_threads"] == 1
+    assert out["flash_attn"] in ("on", "off", None)  # timed both ways at a long context
 
     stored = [json.loads(p.read_text()) for p in (paths.state_dir() / "profiles").glob("*.json")]
     # the pair's profile, and the target's alone (V(n) does not depend on the draft): serve
@@ -40,6 +41,7 @@ def test_tune_text_report_names_the_policy(smol_path):
     proc = cli("tune", "-m", smol_path, "-md", "none", "-t", "1", "--vcurve-max", "16", timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "V(n)" in proc.stdout and "policy that follows" in proc.stdout and "saved" in proc.stdout
+    assert "flash attention: " in proc.stdout
     assert ", 16:" in proc.stdout and ", 24:" not in proc.stdout  # timed up to --vcurve-max
     # by default up to 64 tokens: edits draft long copies, and a size tune knows is one
     # auto need not try

@@ -54,6 +54,11 @@ def model_options(default_draft: bool = False, auto_draft: bool = False) -> Call
                      help="target layers on the GPU (-1: all when the build can offload)"),
         click.option("-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "n_gpu_layers_draft",
                      type=int, default=-1, help="draft model layers on the GPU (-1: all)"),
+        click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["on", "off", "auto"]),
+                     default="auto", show_default=True,
+                     help="flash attention for the target; auto: what `localspec tune` measured "
+                          "faster on this machine (on a CPU it can cost a third of a long context's "
+                          "verify), else llama.cpp's choice"),
         *rpc_options(),
     )
 
@@ -153,7 +158,7 @@ def load_options(kw: dict, verbose: bool = False) -> LoadOptions:
         model=kw.pop("model"), draft=kw.pop("draft"), n_ctx=kw.pop("n_ctx"),
         n_threads=kw.pop("n_threads"), n_gpu_layers=kw.pop("n_gpu_layers"),
         n_gpu_layers_draft=kw.pop("n_gpu_layers_draft"), verbose=verbose,
-        rpc=kw.pop("rpc"), tensor_split=kw.pop("tensor_split"),
+        rpc=kw.pop("rpc"), tensor_split=kw.pop("tensor_split"), flash_attn=kw.pop("flash_attn"),
     )
 
 

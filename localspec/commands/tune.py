@@ -43,7 +43,8 @@ def _policy_lines(p: Profile) -> list[str]:
 def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
     """Measure decode cost, the verify cost curve V(n) for n = 1..64 (--vcurve-max),
     prefill speed and the draft model's cost ratio on this machine; store them for
-    `--spec auto`.
+    `--spec auto`. With -fa auto (the default) it first times flash attention on and
+    off at a 1,024-token context and keeps the faster for every later run.
 
     The profile is keyed by model files, device, threads and GPU layers.
     """
@@ -60,7 +61,7 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
         TextColumn("[bold]tune[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), console=console, transient=True,
     ) as progress:
-        task = progress.add_task("measure", total=len(vcurve_sizes(vcurve_max)) + 2)
+        task = progress.add_task("measure", total=len(vcurve_sizes(vcurve_max)) + 2 + (opts.flash_attn == "auto"))
         setup = setup_of(rt.target, rt.draft)
         profile = calibrate(rt.target, rt.draft, setup, vcurve_max, tick=lambda: progress.advance(task))
     path = save_profile(profile)
@@ -73,6 +74,9 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
     click.echo(f"target {profile.target}: {1000 * profile.t_token_s:.1f} ms/token "
                f"({1 / profile.t_token_s:.1f} tok/s), prefill {profile.prefill_tok_s:.0f} tok/s, "
                f"{profile.device}, {profile.n_threads} threads")
+    click.echo("flash attention: " + (profile.flash_attn or "llama.cpp's choice (on and off within 3%)")
+               + (" (set by -fa)" if opts.flash_attn != "auto" else " (measured faster; runs with -fa auto use it)"
+                  if profile.flash_attn else ""))
     click.echo("V(n) = verify n tokens / one token: " + ", ".join(
         f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 12, 16, 24, 32, 48, 64) if n <= len(v)))
     if profile.draft:

@@ -19,6 +19,7 @@ class ModelConfig:
     verbose: bool = False
     rpc: tuple[str, ...] = ()  # ggml RPC workers (HOST:PORT) whose devices take offloaded layers
     tensor_split: tuple[float, ...] = ()  # share of offloaded layers per device (workers first)
+    flash_attn: str = "auto"  # on, off, or auto: llama.cpp's choice (runtime may apply tune's)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class LoadOptions:
     verbose: bool = False
     rpc: tuple[str, ...] = ()  # --rpc HOST:PORT workers, whose devices take layers
     tensor_split: tuple[float, ...] = ()  # --tensor-split: the target's share per device
+    flash_attn: str = "auto"  # -fa: on, off, or auto (what `localspec tune` measured faster)
 
 
 @dataclass(frozen=True)

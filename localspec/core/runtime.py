@@ -53,6 +53,10 @@ def open_runtime(opts: LoadOptions, *, want_draft: bool, n_seq_max: int = 1) -> 
         draft_path = models.resolve(draft_spec, role="draft")
     target = load_model(opts, "target", target_path, n_seq_max=n_seq_max)
     try:
+        if opts.flash_attn == "auto":  # what tune measured faster on this machine, if it did
+            tuned = find_profile(target)
+            if tuned is not None and tuned.flash_attn:
+                target.set_flash_attn(tuned.flash_attn)
         draft = None
         if draft_spec.lower() == "auto":
             draft = _auto_draft(target, opts, n_seq_max)
@@ -84,6 +88,7 @@ def model_config(opts: LoadOptions, path: object, role: str, n_seq_max: int = 1)
         path=str(path), n_ctx=opts.n_ctx, n_threads=opts.n_threads, n_gpu_layers=ngl,
         n_seq_max=n_seq_max, verbose=opts.verbose,
         rpc=opts.rpc if not draft or ngl > 0 else (), tensor_split=() if draft else opts.tensor_split,
+        flash_attn="auto" if draft else opts.flash_attn,
     )
 
 
@@ -91,7 +96,8 @@ def setup_of(target: Model, draft: Model | None = None) -> Setup:
     """The calibration setup of loaded models: what their profile is keyed by."""
     device = "gpu" if supports_gpu_offload() and target.info.n_gpu_layers else "cpu"
     return Setup(model_id(target.path), model_id(draft.path) if draft else None, device,
-                 target.info.n_threads, target.info.n_gpu_layers, tuple(target.info.rpc))
+                 target.info.n_threads, target.info.n_gpu_layers, tuple(target.info.rpc),
+                 target.cfg.flash_attn)
 
 
 def find_profile(target: Model, draft: Model | None = None) -> Profile | None:

@@ -41,6 +41,9 @@ class Profile:
     # V(n) that `--spec auto` measured during real generations: {"n": [V, verify rounds]};
     # a profile no `tune` has measured has only these (vcurve is then [])
     online: dict[str, list[float]] = field(default_factory=dict)
+    # flash attention as tune measured it faster at a long context ("on"/"off"), or None:
+    # llama.cpp's own choice. Runs with -fa auto (the default) use it
+    flash_attn: str | None = None
 
     @property
     def c(self) -> float | None:
@@ -72,11 +75,13 @@ class Setup:
     n_threads: int
     n_gpu_layers: int
     rpc: tuple[str, ...] = ()  # --rpc workers: round trips change every cost
+    flash_attn: str = "auto"  # -fa as asked: a forced on/off is measured apart from auto
 
     @property
     def key(self) -> str:
         parts = [self.target, self.draft or "-", self.device, str(self.n_threads), str(self.n_gpu_layers)]
         parts += [f"rpc={','.join(self.rpc)}"] if self.rpc else []
+        parts += [f"fa={self.flash_attn}"] if self.flash_attn != "auto" else []
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
     def alone(self) -> Setup:

@@ -72,18 +72,8 @@ class Model(PrefixCache, Owned):
         del keep_alive  # the device list and split are read during the load only
         self._vocab = _ll.llama_model_get_vocab(self._model)
         n_threads = cfg.n_threads or default_threads()
-        cparams = _ll.llama_context_default_params()
-        cparams.n_ctx = cfg.n_ctx
-        cparams.n_batch = min(cfg.n_ctx, 512)
-        cparams.n_ubatch = min(cfg.n_ctx, 512)
-        cparams.n_seq_max = cfg.n_seq_max
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.no_perf = True
-        self._ctx = _ll.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            _ll.llama_model_free(self._model)
-            raise BackendError(f"llama.cpp could not create a context of {cfg.n_ctx} tokens")
+        self.flash_attn = cfg.flash_attn
+        self._ctx = self._new_context(n_threads)
         self._mem = _ll.llama_get_memory(self._ctx)
         self.n_ctx = _ll.llama_n_ctx(self._ctx)
         self.n_batch = _ll.llama_n_batch(self._ctx)
@@ -102,6 +92,38 @@ class Model(PrefixCache, Owned):
         self.cached: list[int] = self._seqs[0]  # sequence 0, used by decode()/prefill()
         self.llama_s = 0.0  # time spent inside llama_decode, for overhead accounting
         self._piece = threading.local()  # a buffer per thread: the server's threads all read pieces
+
+    def _new_context(self, n_threads: int) -> object:
+        cparams = _ll.llama_context_default_params()
+        cparams.n_ctx = self.cfg.n_ctx
+        cparams.n_batch = min(self.cfg.n_ctx, 512)
+        cparams.n_ubatch = min(self.cfg.n_ctx, 512)
+        cparams.n_seq_max = self.cfg.n_seq_max
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.no_perf = True
+        cparams.flash_attn_type = {"on": _ll.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": _ll.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+                                   "auto": _ll.LLAMA_FLASH_ATTN_TYPE_AUTO}[self.flash_attn]
+        ctx = _ll.llama_init_from_model(self._model, cparams)
+        if not ctx:
+            _ll.llama_model_free(self._model)
+            raise BackendError(f"llama.cpp could not create a context of {self.cfg.n_ctx} tokens")
+        return ctx
+
+    def set_flash_attn(self, mode: str) -> None:
+        """Use flash attention ("on"), not ("off"), or let llama.cpp choose ("auto"):
+        a new context (the KV layout differs), so only while no sequence holds tokens.
+        Which is faster depends on the model, the machine and the context length
+        (`localspec tune` measures it)."""
+        if mode == self.flash_attn:
+            return
+        if any(self._seqs.values()):
+            raise ValueError("set_flash_attn needs an empty context")
+        _ll.llama_free(self._ctx)
+        self._ctx = None
+        self.flash_attn = mode
+        self._ctx = self._new_context(self.info.n_threads)
+        self._mem = _ll.llama_get_memory(self._ctx)
 
     # ----- vocabulary -------------------------------------------------------------
 

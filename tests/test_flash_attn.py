@@ -1,0 +1,73 @@
+"""Flash attention on or off: the backend rebuilds an empty context either way, `tune`
+measures which is faster at a long context, and runs with -fa auto use its verdict."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from localspec.bench.calibrate import measure_flash_attn
+from localspec.core.backend import Model
+from localspec.core.config import LoadOptions, ModelConfig
+from localspec.core.runtime import open_runtime, setup_of
+from localspec.models.profile import Profile, save_profile
+
+
+def _opts(path: str, flash_attn: str = "auto") -> LoadOptions:
+    return LoadOptions(model=path, draft=None, n_ctx=512, n_threads=1, n_gpu_layers=0,
+                       n_gpu_layers_draft=0, flash_attn=flash_attn)
+
+
+def test_set_flash_attn_rebuilds_an_empty_context_that_decodes_alike(smol_path):
+    m = Model(ModelConfig(smol_path, n_ctx=512, n_threads=1, n_gpu_layers=0, flash_attn="on"))
+    try:
+        prompt = m.tokenize("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n")
+        with_fa = np.array(m.decode(prompt, "all"))
+        with pytest.raises(ValueError, match="empty context"):
+            m.set_flash_attn("off")  # the cells hold the prompt: a new context would lose them
+        assert m.flash_attn == "on"
+        m.rewind(0)
+        m.set_flash_attn("off")
+        assert m.flash_attn == "off" and m.n_past == 0
+        without = np.array(m.decode(prompt, "all"))
+        # the same model through the other attention kernel: the same choices, logits that
+        # differ only by rounding
+        assert (with_fa.argmax(axis=1) == without.argmax(axis=1)).mean() > 0.9
+        assert np.abs(with_fa - without).mean() < 0.2 * np.abs(with_fa).mean()
+        assert np.abs(with_fa).max() > 1.0  # real logits, not an empty buffer
+        assert not np.array_equal(with_fa[1:], without[1:])  # ... from the other kernel
+    finally:
+        m.close()
+
+
+def test_runs_with_fa_auto_use_what_tune_measured(smol_path):
+    with open_runtime(_opts(smol_path), want_draft=False) as rt:
+        assert rt.target.flash_attn == "auto"  # no profile: llama.cpp's own choice
+        setup = setup_of(rt.target)
+    save_profile(Profile(key=setup.key, target="t", draft=None, device=setup.device,
+                         n_threads=setup.n_threads, n_gpu_layers=setup.n_gpu_layers, t_token_s=0.01,
+                         vcurve=[1.0, 1.5], prefill_tok_s=100.0, flash_attn="off"))
+    with open_runtime(_opts(smol_path), want_draft=False) as rt:
+        assert rt.target.flash_attn == "off"
+        logits, _ = rt.target.prefill(rt.target.tokenize("hello"))
+        assert np.isfinite(logits).all()
+    # a forced setting wins, and is measured apart: its profile key is not auto's
+    with open_runtime(_opts(smol_path, "on"), want_draft=False) as rt:
+        assert rt.target.flash_attn == "on"
+        assert setup_of(rt.target).key != setup.key
+        assert setup_of(rt.target).key == replace(setup, flash_attn="on").key
+
+
+def test_measure_flash_attn_times_both_and_leaves_the_winner(smol_path):
+    m = Model(ModelConfig(smol_path, n_ctx=2048, n_threads=1, n_gpu_layers=0))
+    try:
+        choice, times = measure_flash_attn(m, reps=1)
+        assert set(times) == {"on", "off"} and all(t > 0 for t in times.values())
+        assert choice in ("on", "off", None)
+        if choice is not None:  # the winner is faster by the margin
+            assert times[choice] < times["off" if choice == "on" else "on"]
+        assert m.flash_attn == (choice or "auto") and m.n_past == 0
+    finally:
+        m.close()
