@@ -114,9 +114,10 @@ def load_profile(setup: Setup, online: bool = False) -> Profile | None:
 def save_profile(profile: Profile, folder: Path | None = None) -> Path:
     """Store `profile` under its key, atomically (a reader never sees half a file).
     On-line measurements already stored under the key are kept when `profile` brings
-    none (a new `tune` does not erase what runs measured)."""
+    none (a new `tune` does not erase what runs measured), unless tune changed the
+    attention kernel they were measured with."""
     old = _read(profile.key, folder)
-    if old is not None and old.online and not profile.online:
+    if old is not None and old.online and not profile.online and old.flash_attn == profile.flash_attn:
         profile = replace(profile, online=old.online)
     path = paths.ensure(folder or _profiles_dir()) / f"{profile.key}.json"
     write_atomic(path, json.dumps(asdict(profile), indent=2))
