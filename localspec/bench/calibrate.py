@@ -103,7 +103,7 @@ def measure_flash_attn(model: Model, reps: int = 3) -> tuple[str | None, dict[st
 def calibrate(target: Model, draft: Model | None, setup: Setup, n_max: int = N_MAX,
               tick: Callable[[], None] | None = None) -> Profile:
     """Measure everything a profile of `setup` (runtime.setup_of(target, draft)) holds;
-    about a minute and a half for the default pair on 2 cores. With -fa auto it first
+    about three minutes for the default pair on 2 cores. With -fa auto it first
     compares flash attention on and off (measure_flash_attn) and measures the rest with
     the faster one."""
     flash = target.flash_attn
