@@ -1,5 +1,5 @@
-"""Flash attention on or off: the backend rebuilds an empty context either way, `tune`
-measures which is faster at a long context, and runs with -fa auto use its verdict."""
+"""Flash attention on or off: the backend rebuilds an empty context either way, and runs
+with -fa auto use the verdict `tune` stored (tune's timing of both: test_tune.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from localspec.bench.calibrate import measure_flash_attn
 from localspec.core.backend import Model
 from localspec.core.config import LoadOptions, ModelConfig
 from localspec.core.runtime import open_runtime, setup_of
@@ -59,15 +58,3 @@ def test_runs_with_fa_auto_use_what_tune_measured(smol_path):
         assert setup_of(rt.target).key != setup.key
         assert setup_of(rt.target).key == replace(setup, flash_attn="on").key
 
-
-def test_measure_flash_attn_times_both_and_leaves_the_winner(smol_path):
-    m = Model(ModelConfig(smol_path, n_ctx=2048, n_threads=1, n_gpu_layers=0))
-    try:
-        choice, times = measure_flash_attn(m, reps=1)
-        assert set(times) == {"on", "off"} and all(t > 0 for t in times.values())
-        assert choice in ("on", "off", None)
-        if choice is not None:  # the winner is faster by the margin
-            assert times[choice] < times["off" if choice == "on" else "on"]
-        assert m.flash_attn == (choice or "auto") and m.n_past == 0
-    finally:
-        m.close()

@@ -38,10 +38,12 @@ def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):
 
 
 def test_tune_text_report_names_the_policy(smol_path):
-    proc = cli("tune", "-m", smol_path, "-md", "none", "-t", "1", "--vcurve-max", "16", timeout=600)
+    # -fa forced: no attention timing (the test above covers it), and the report says so
+    proc = cli("tune", "-m", smol_path, "-md", "none", "-t", "1", "--vcurve-max", "16", "-fa", "off",
+               timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "V(n)" in proc.stdout and "policy that follows" in proc.stdout and "saved" in proc.stdout
-    assert "flash attention: " in proc.stdout
+    assert "flash attention: off (set by -fa)" in proc.stdout
     assert ", 16:" in proc.stdout and ", 24:" not in proc.stdout  # timed up to --vcurve-max
     # by default up to 64 tokens: edits draft long copies, and a size tune knows is one
     # auto need not try
