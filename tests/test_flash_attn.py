@@ -58,3 +58,22 @@ def test_runs_with_fa_auto_use_what_tune_measured(smol_path):
         assert setup_of(rt.target).key != setup.key
         assert setup_of(rt.target).key == replace(setup, flash_attn="on").key
 
+
+
+def test_tune_measures_again_what_an_earlier_tune_chose(smol_path, monkeypatch):
+    # open_runtime applies a stored verdict before tune runs: calibrate must time both
+    # settings again (-fa auto as asked), not keep the setting the model was left on
+    from localspec.bench import calibrate
+
+    asked = []
+
+    def measured(model, reps=3):
+        asked.append(model.flash_attn)
+        model.set_flash_attn("off")
+        return "off", {"on": 2.0, "off": 1.0}
+
+    monkeypatch.setattr(calibrate, "measure_flash_attn", measured)
+    with open_runtime(_opts(smol_path), want_draft=False) as rt:
+        rt.target.set_flash_attn("on")  # what an earlier tune stored, applied at load
+        profile = calibrate.calibrate(rt.target, None, setup_of(rt.target), n_max=2)
+    assert asked == ["on"] and profile.flash_attn == "off"

@@ -7,8 +7,8 @@ size, best of its repeats, for the report."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -86,13 +86,13 @@ def measure_flash_attn(model: Model, reps: int = 3) -> tuple[str | None, dict[st
     text = model.tokenize(Path(__file__).read_text() * 8)
     n_base = min(FA_CONTEXT, model.n_ctx_seq - max(FA_SIZES) - 1, len(text) - max(FA_SIZES))
     base = text[:n_base]
-    times: dict[str, list[float]] = {"on": [], "off": []}
+    logs: dict[str, list[float]] = {"on": [], "off": []}  # log seconds, averaged over FA_SIZES
     for mode in ("on", "off", "on"):  # on twice, around off: a drift in the machine's speed cancels
         model.rewind(0)
         model.set_flash_attn(mode)
         model.prefill(base)
-        times[mode].append(float(np.mean([np.log(_time_decode(model, base, n, reps)) for n in FA_SIZES])))
-    times = {mode: float(np.exp(np.mean(logs))) for mode, logs in times.items()}
+        logs[mode].append(float(np.mean([np.log(_time_decode(model, base, n, reps)) for n in FA_SIZES])))
+    times = {mode: float(np.exp(np.mean(x))) for mode, x in logs.items()}
     model.rewind(0)
     fast, slow = sorted(times, key=times.get)
     choice = fast if times[fast] < (1 - FA_MARGIN) * times[slow] else None
@@ -106,7 +106,7 @@ def calibrate(target: Model, draft: Model | None, setup: Setup, n_max: int = N_M
     about three minutes for the default pair on 2 cores. With -fa auto it first
     compares flash attention on and off (measure_flash_attn) and measures the rest with
     the faster one."""
-    flash = target.flash_attn
+    flash = target.cfg.flash_attn  # as asked: -fa auto re-measures whatever an earlier tune chose
     if flash == "auto":
         flash, _ = measure_flash_attn(target)
         if tick:
