@@ -74,9 +74,13 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
     click.echo(f"target {profile.target}: {1000 * profile.t_token_s:.1f} ms/token "
                f"({1 / profile.t_token_s:.1f} tok/s), prefill {profile.prefill_tok_s:.0f} tok/s, "
                f"{profile.device}, {profile.n_threads} threads")
-    click.echo("flash attention: " + (profile.flash_attn or "llama.cpp's choice (on and off within 3%)")
-               + (" (set by -fa)" if opts.flash_attn != "auto" else " (measured faster; runs with -fa auto use it)"
-                  if profile.flash_attn else ""))
+    if opts.flash_attn != "auto":
+        attention = f"{opts.flash_attn} (set by -fa)"
+    elif profile.flash_attn:
+        attention = f"{profile.flash_attn} (measured faster; runs with -fa auto use it)"
+    else:
+        attention = "llama.cpp's choice (on and off within 3%)"
+    click.echo(f"flash attention: {attention}")
     click.echo("V(n) = verify n tokens / one token: " + ", ".join(
         f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 12, 16, 24, 32, 48, 64) if n <= len(v)))
     if profile.draft:
