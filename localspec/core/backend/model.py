@@ -73,7 +73,11 @@ class Model(PrefixCache, Owned):
         self._vocab = _ll.llama_model_get_vocab(self._model)
         n_threads = cfg.n_threads or default_threads()
         self.flash_attn = cfg.flash_attn
-        self._ctx = self._new_context(n_threads)
+        try:
+            self._ctx = self._new_context(n_threads)
+        except BackendError:
+            _ll.llama_model_free(self._model)
+            raise
         self._mem = _ll.llama_get_memory(self._ctx)
         self.n_ctx = _ll.llama_n_ctx(self._ctx)
         self.n_batch = _ll.llama_n_batch(self._ctx)
@@ -106,7 +110,6 @@ class Model(PrefixCache, Owned):
                                    "auto": _ll.LLAMA_FLASH_ATTN_TYPE_AUTO}[self.flash_attn]
         ctx = _ll.llama_init_from_model(self._model, cparams)
         if not ctx:
-            _ll.llama_model_free(self._model)
             raise BackendError(f"llama.cpp could not create a context of {self.cfg.n_ctx} tokens")
         return ctx
 
@@ -122,7 +125,12 @@ class Model(PrefixCache, Owned):
         _ll.llama_free(self._ctx)
         self._ctx = None
         self.flash_attn = mode
-        self._ctx = self._new_context(self.info.n_threads)
+        try:
+            self._ctx = self._new_context(self.info.n_threads)
+        except BackendError:  # the model is unusable now: free what close() would have
+            _ll.llama_batch_free(self._batch)
+            _ll.llama_model_free(self._model)
+            raise
         self._mem = _ll.llama_get_memory(self._ctx)
 
     # ----- vocabulary -------------------------------------------------------------
