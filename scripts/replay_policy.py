@@ -17,7 +17,9 @@ round times, optionally with noise).
 
 `replay` compares auto three ways with the best fixed (drafter, k): informed by a tune
 profile of the true curve (V(1..64), c), fresh (no profile at all: the first run on a
-machine), and second (informed only by what the fresh run stored).
+machine), and second (informed only by what the fresh run stored). `--bound` adds two
+ceilings: the n-gram oracle (drafts exactly the prefix the target accepts, cut at the
+curve's cheap points) and a drafter that is always right.
 
 `record --prompts FILE` records other workloads (bench's JSONL format) instead, e.g.
 scripts/heldout/tasks.jsonl: five edits of this repository's files that no policy
@@ -139,6 +141,33 @@ def replay(trace: dict, drafter, v: list[float], c: float, k_max: int, adaptive:
     return total
 
 
+def oracle(trace: dict, drafter, v: list[float], k_max: int, perfect: bool = False) -> float:
+    """The least modelled decode time any drafting policy could reach with `drafter`: an
+    oracle that knows how much of each draft the target accepts drafts exactly that
+    prefix, cut where the curve is cheapest (dynamic programming over the output).
+    `perfect`: a drafter that always proposes the target's own continuation (the cap of
+    speculative decoding itself on this curve)."""
+    ids = trace["ids"]
+    n = len(ids)
+    accept = [0] * n
+    if perfect:
+        accept = [n - 1 - i for i in range(n)]
+    else:
+        drafter.begin(trace["prompt"])
+        tokens = [*trace["prompt"], ids[0]]
+        for done in range(1, n):
+            d = drafter.draft(tokens, min(k_max, n - done - 1)).tokens
+            a = 0
+            while a < len(d) and d[a] == ids[done + a]:
+                a += 1
+            accept[done] = a
+            tokens.append(ids[done])
+    cost = [0.0] * (n + 1)
+    for i in range(n - 1, 0, -1):
+        cost[i] = min(v[m] + cost[i + m + 1] for m in range(min(accept[i], k_max) + 1))
+    return cost[1]
+
+
 def measure_curve(path: str, target: str, n_max: int) -> None:
     """V(n) of the target up to n_max (every n to 32, then costs.GRID's sizes; best of 3
     tries at each, as bench's V(n)), saved as {"sizes": [...], "v": [...]}."""
@@ -219,6 +248,9 @@ def replay_trace(tr: dict, v: list[float], c: float, args) -> dict[str, float]:
         if args.model and k <= 16:
             out[f"model {k}"] = plain / replay(tr, ReplayModelDrafter(tr), v, c, k, True)
     seeds = range(args.seeds if args.noise else 1)
+    if args.bound:
+        out["bound"] = plain / oracle(tr, ng(), v, max(args.k_max))
+        out["perfect"] = plain / oracle(tr, None, v, max(args.k_max), perfect=True)
     for k in args.k_max:
         informed = [replay(tr, AutoDrafter(ng(), model(), tuned(v, c), k_max=k), v, c, k, False,
                            args.noise, s) for s in seeds]
@@ -253,6 +285,10 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5, help="noise seeds averaged (with --noise)")
     ap.add_argument("--edit-ngram", type=lambda s: tuple(int(x) for x in s.split(",")),
                     default=(3, 12), help="n-gram sizes for edits (min,max), as `localspec edit`")
+    ap.add_argument("--bound", action="store_true", help="also report the n-gram oracle's "
+                    "speedup (drafts exactly the prefix the target accepts, cut at the "
+                    "curve's cheap points: no policy with this drafter does better) and a "
+                    "perfect drafter's (the cap of speculation on this curve)")
     args = ap.parse_args()
     if args.action == "record":
         record(args.traces[0], args.model, args.draft, args.prompts, args.fast)
@@ -294,21 +330,24 @@ def load(args) -> Profile:
 def report(rows: list[tuple[str, dict[str, float]]], k_max: list[int]) -> None:
     """One line per trace: the best fixed choice, then auto (tune profile), fresh (no
     profile) and second (the profile the fresh run stored) per --draft-max, as speedups
-    over plain and, in brackets, over the best fixed; then the worst of each column."""
+    over plain and, in brackets, over the best fixed; then the oracle bounds (--bound);
+    then the worst of each column."""
     autos = [f"{kind} {k}" for k in k_max for kind in ("auto", "fresh", "second")]
-    print(f"{'trace':14} {'best fixed':>18} " + " ".join(f"{a:>16}" for a in autos))
+    bounds = [b for b in ("bound", "perfect") if b in rows[0][1]]
+    print(f"{'trace':14} {'best fixed':>18} " + " ".join(f"{a:>16}" for a in autos)
+          + "".join(f"{b:>9}" for b in bounds))
     worst = {a: [math.inf, math.inf] for a in autos}
     for name, out in rows:
-        best = max((key for key in out if not key.split()[0] in ("auto", "fresh", "second")),
-                   key=out.get)
+        best = max((key for key in out if key.split()[0] not in ("auto", "fresh", "second",
+                                                                 *bounds)), key=out.get)
         cells = []
         for a in autos:
             rel = out[a] / out[best]
             worst[a] = [min(worst[a][0], out[a]), min(worst[a][1], rel)]
             cells.append(f"{out[a]:.2f}x ({rel:.3f})")
-        print(f"{name:14} {best:>10} {out[best]:.2f}x " + " ".join(f"{c:>16}" for c in cells))
+        print(f"{name:14} {best:>10} {out[best]:.2f}x " + " ".join(f"{c:>16}" for c in cells)
+              + "".join(f"{out[b]:8.2f}x" for b in bounds))
     print(f"{'worst':14} {'':>18} " + " ".join(f"{w[0]:.2f}x ({w[1]:.3f})".rjust(16) for w in worst.values()))
-
 
 if __name__ == "__main__":
     sys.exit(main())
