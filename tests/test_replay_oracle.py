@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from localspec.core.drafters import NgramDrafter, NoDrafter
+from localspec.core.drafters.auto import AutoDrafter
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,8 @@ def test_oracle_is_a_lower_bound_on_every_policy(rp, curve, seed):
     assert plain == pytest.approx((len(tr["ids"]) - 1) * v[0])
     times = [rp.replay(tr, NgramDrafter(3, 12, extra=tr["extra"]), v, 0.0, k, adaptive)
              for k in (4, 8, 16, 32, 64) for adaptive in (False, True)]
+    auto = AutoDrafter(NgramDrafter(3, 12, extra=tr["extra"]), None, rp.tuned(v, 0.0), k_max=64)
+    times.append(rp.replay(tr, auto, v, 0.0, 64, False))
     assert perfect <= bound < plain
     assert bound <= min(times) + 1e-9
     # the bound is attained by some plan, not just below everything: it is within the
