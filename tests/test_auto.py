@@ -444,3 +444,38 @@ def test_a_loss_beyond_the_budget_raises_the_bar_until_plain_rounds_pay_it_back(
     assert auto.choose([0.95, 0.95], 0.0)[0] == 2  # a sure bet still does (1.43x)
     auto.produced = 1500  # plain rounds since: the loss is within 1.5% + 1 of what was produced
     assert auto.deficit() == 0.0 and auto.choose([0.7, 0.7], 0.0)[0] > 0
+
+
+def _jagged(dip: float) -> Profile:
+    """A steep CPU-like curve, V(n) = 1 + 0.55 (n - 1) to 64, with V(36) (between GRID's
+    32 and 40; tune times it) `dip` below the line."""
+    curve = [1.0 + 0.55 * (n - 1) for n in range(1, 65)]
+    curve[35] *= 1.0 - dip
+    return Profile(key="k", target="t", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                   t_token_s=0.1, vcurve=curve, prefill_tok_s=100.0)
+
+
+def test_cost_model_finds_measured_dips_between_grid_sizes():
+    assert CostModel(_jagged(0.2), 64).dips() == [36]
+    assert CostModel(_jagged(0.02), 64).dips() == []  # within DIP of the line: not a dip
+    assert CostModel(_profile(0.01), 64).dips() == []  # a smooth (GPU-like) curve
+    # a size the cost model only guesses (beyond the profile's 64) is never one
+    assert all(n <= 64 for n in CostModel(_jagged(0.2), 256).dips())
+
+
+@pytest.mark.parametrize("dip", [0.2, 0.0])
+def test_auto_drafts_to_a_dip_of_the_curve(dip):
+    """A long right copy on a steep curve: with a cheap point at 36 tokens auto verifies
+    36 at a time (35 drafted), not GRID's 32 or 40; without the dip it never does."""
+    model = FakeModel()
+    auto = AutoDrafter(_Fixed(model, good=True), None, _jagged(dip), k_max=64, learn_costs=False)
+    prompt = list(range(1, 9))
+    ids, _, stats = collect(generate(model, prompt, auto, sampling=SamplingConfig(),
+                                     spec=SpecConfig(mode="auto", draft_max=64, adaptive=False),
+                                     gen=GenerationConfig(max_tokens=400)))
+    assert ids == model.continuation(prompt, 400)
+    rounds_at_36 = stats.policy.get("ngram:35", {}).get("rounds", 0)
+    if dip:
+        assert rounds_at_36 > 5 and rounds_at_36 * 35 > 0.5 * stats.accepted
+    else:
+        assert rounds_at_36 == 0 and stats.tokens_per_round > 8

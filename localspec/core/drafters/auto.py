@@ -3,7 +3,8 @@ unit of time, including k = 0 (plain decode) when nothing pays.
 
   expected tokens  E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i      (a_i: P(accept i | accepted < i))
   cost             C(k) = V(k + 1) + k * c                   (in one-token decode times)
-  choose           argmax_k E(k) / C(k) over the verify sizes k + 1 of costs.GRID; plain
+  choose           argmax_k E(k) / C(k) over the verify sizes k + 1 of costs.GRID and
+                   the measured curve's dips between them (CostModel.dips); plain
                    decode scores 1 / V(1) = 1, and a draft must score at least 5% above it
                    (within that, estimates are noise and plain decoding is the safe bet)
 
@@ -229,7 +230,8 @@ class AutoDrafter(DrafterBase):
         expected = 1.0 + np.cumsum(np.cumprod(rates))  # expected[k - 1] = E(k)
         n_top = len(rates) + 1
         known, unknown = [plain], []
-        for n in [m for m in self.sizes if 2 <= m < n_top] + [n_top]:
+        # GRID's sizes (unmeasured ones are tried on a budget) and the measured curve's dips
+        for n in sorted({m for m in (*self.sizes, *self.cost.dips()) if 2 <= m < n_top}) + [n_top]:
             e = float(expected[n - 2])
             # rate at a verify time v: scale / (v + drafting), in tokens per one-token time
             scale, drafting = e / (spent(n - 1) if spent is not None else 1.0), (n - 1) * c

@@ -29,6 +29,7 @@ MIN_SEEN = 1  # verify times at a batch size before it counts as measured (one i
 # the noise of a shared machine, ~15%, which the JAG allowance above a measured size covers)
 STEADY = 3  # ... before it is the one-token time everything is relative to, or rescales
 # the sizes around it
+DIP = 0.05  # a measured size between GRID's this far below their chord is a cheap point
 JAG = 1.3  # per-token cost at an unmeasured size: at worst this x the nearest measured below
 # verify sizes auto drafts for: dense where CPU kernels switch, sparser where V is smooth
 GRID = (*range(1, 11), 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
@@ -163,6 +164,15 @@ class CostModel:
         of earlier runs or of this one (one round time can be 30% off on a busy machine)."""
         return bool(self._table(4, n))
 
+    def dips(self) -> list[int]:
+        """Settled sizes between GRID's whose V lies DIP or more below the straight line
+        between the GRID sizes around them, ascending: a jagged CPU curve's cheap points
+        (measured here after a 600-token context: V(33) 16.2 and V(36) 16.8 against
+        V(32) 17.9 and V(40) 20.2), which auto weighs besides GRID's sizes. A smooth
+        curve has none, so its choices stay on GRID."""
+        self._table(0, 1)  # builds the tables
+        return self._dips
+
     def _build(self) -> tuple[np.ndarray, ...]:
         rounds = np.zeros(self.n_max + 1, dtype=int)
         if self.learn:
@@ -181,6 +191,10 @@ class CostModel:
                                              np.maximum(np.minimum(v, vb * np.sqrt(n / below)), 1.0)))
         upper = np.where(settled, v, np.where(known, JAG * v,
                                               np.maximum(np.minimum(n, JAG * vb * n / below), v)))
+        grid = np.array(grid_sizes(self.n_max))
+        chord = np.interp(np.arange(self.n_max + 1), grid, v[grid])
+        self._dips = [int(m) for m in np.flatnonzero(settled & (v < (1.0 - DIP) * chord))
+                      if m >= 2 and m not in GRID]
         return v, hope, upper, known, settled
 
     def _estimate(self) -> np.ndarray:
