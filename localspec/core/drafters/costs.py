@@ -166,10 +166,13 @@ class CostModel:
 
     def dips(self) -> list[int]:
         """Settled sizes between GRID's whose V lies DIP or more below the straight line
-        between the GRID sizes around them, ascending: a jagged CPU curve's cheap points
-        (measured here after a 600-token context: V(33) 16.2 and V(36) 16.8 against
-        V(32) 17.9 and V(40) 20.2), which auto weighs besides GRID's sizes. A smooth
-        curve has none, so its choices stay on GRID."""
+        between the GRID sizes around them, ascending: a jagged CPU curve's cheap points,
+        which auto weighs besides GRID's sizes. A smooth curve has none, so its choices
+        stay on GRID. On this project's 2-core EPYC the fine structure moves between
+        measurements (after a 600-token context one put V(36) at 16.8 one-token times
+        against V(32) 17.9 and V(40) 20.2, the next V(48) at 20.8 and V(56) at 21.4
+        against V(40) 22.3 and V(64) 28.2): a dip is used as measured, and once drafted
+        for it is timed on-line like any size, so a lucky measurement costs a few rounds."""
         self._table(0, 1)  # builds the tables
         return self._dips
 
