@@ -88,6 +88,7 @@ class CostModel:
     def __init__(self, profile: Profile | None, n_max: int, learn: bool = True) -> None:
         self.learn = learn  # False: the profile/prior only (reproducible decisions)
         self.n_max = n_max + 1
+        self._grid = np.array(grid_sizes(self.n_max))  # where dips() draws its chords
         self.prior, level = _base_curve(profile, self.n_max)
         self.prior_level = np.array([0, *level])  # by n (index 0 unused)
         self.times: dict[int, deque[float]] = {}
@@ -194,10 +195,10 @@ class CostModel:
                                              np.maximum(np.minimum(v, vb * np.sqrt(n / below)), 1.0)))
         upper = np.where(settled, v, np.where(known, JAG * v,
                                               np.maximum(np.minimum(n, JAG * vb * n / below), v)))
-        grid = np.array(grid_sizes(self.n_max))
-        chord = np.interp(np.arange(self.n_max + 1), grid, v[grid])
-        self._dips = [int(m) for m in np.flatnonzero(settled & (v < (1.0 - DIP) * chord))
-                      if m >= 2 and m not in GRID]
+        chord = np.interp(np.arange(self.n_max + 1), self._grid, v[self._grid])
+        dip = settled & (v < (1.0 - DIP) * chord)
+        dip[self._grid] = dip[:2] = False
+        self._dips = [int(m) for m in np.flatnonzero(dip)]
         return v, hope, upper, known, settled
 
     def _estimate(self) -> np.ndarray:
