@@ -149,10 +149,8 @@ def oracle(trace: dict, drafter, v: list[float], k_max: int, perfect: bool = Fal
     speculative decoding itself on this curve)."""
     ids = trace["ids"]
     n = len(ids)
-    accept = [0] * n
-    if perfect:
-        accept = [n - 1 - i for i in range(n)]
-    else:
+    accept = [n - 1 - i for i in range(n)] if perfect else [0] * n
+    if not perfect:
         drafter.begin(trace["prompt"])
         tokens = [*trace["prompt"], ids[0]]
         for done in range(1, n):
@@ -348,6 +346,7 @@ def report(rows: list[tuple[str, dict[str, float]]], k_max: list[int]) -> None:
         print(f"{name:14} {best:>10} {out[best]:.2f}x " + " ".join(f"{c:>16}" for c in cells)
               + "".join(f"{out[b]:8.2f}x" for b in bounds))
     print(f"{'worst':14} {'':>18} " + " ".join(f"{w[0]:.2f}x ({w[1]:.3f})".rjust(16) for w in worst.values()))
+
 
 if __name__ == "__main__":
     sys.exit(main())
