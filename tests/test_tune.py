@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 from test_cli import cli
 
+from localspec.commands.tune import _policy_lines, ceiling
 from localspec.models import paths
 from localspec.models.profile import Profile, Setup, load_profile, save_profile
 
@@ -44,6 +46,7 @@ def test_tune_text_report_names_the_policy(smol_path):
     assert proc.returncode == 0, proc.stderr
     assert "V(n)" in proc.stdout and "policy that follows" in proc.stdout and "saved" in proc.stdout
     assert "flash attention: off (set by -fa)" in proc.stdout
+    assert "ceiling: " in proc.stdout
     assert ", 16:" in proc.stdout and ", 24:" not in proc.stdout  # timed up to --vcurve-max
     # by default up to 64 tokens: edits draft long copies, and a size tune knows is one
     # auto need not try
@@ -84,3 +87,12 @@ def test_the_auto_drafter_loads_no_model_code():
             "print([m for m in ('llama_cpp', 'localspec.core.backend') if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_the_ceiling_is_the_best_tokens_per_verify_cost_measured():
+    p = _profile(Setup("t.gguf:10", None, "cpu", 2, 0))
+    p = replace(p, vcurve=[1.0, 1.5, 2.0, 4.0, 4.9])  # n / V(n): 1, 1.33, 1.5, 1.0, 1.02
+    assert ceiling(p) == (3, 1.5)
+    assert any(line.strip().startswith("ceiling: 1.50x") and "verifying 3 tokens" in line
+               for line in _policy_lines(p))
+    assert ceiling(replace(p, vcurve=[1.0, 1.9, 2.4])) == (3, 1.25)  # the last size can win

@@ -31,7 +31,19 @@ def _policy_lines(p: Profile) -> list[str]:
             k, expected, rate = best_k([alpha] * N_MAX, cost, c)
             parts.append(f"a={alpha:.1f}: k={k} ({rate:.2f}x)" if k else f"a={alpha:.1f}: plain")
         lines.append(f"{label:>11} (c={c:.2f}): " + ", ".join(parts))
+    n, rate = ceiling(p)
+    lines.append(f"{'ceiling':>11}: {rate:.2f}x (a drafter always right, verifying {n} tokens at a time): "
+                 "the most speculation can give here")
     return lines
+
+
+def ceiling(p: Profile) -> tuple[int, float]:
+    """(n, n / V(n)) at the measured verify size where a drafter that is always right
+    gains most: speculation's cap on this machine (long copies approach it; a CPU whose
+    V(n) grows nearly linearly keeps it near 2x, a GPU's flat curve puts it far above)."""
+    rates = [n / v for n, v in enumerate(p.vcurve, start=1)]
+    best = max(range(len(rates)), key=rates.__getitem__)
+    return best + 1, rates[best]
 
 
 @click.command()
