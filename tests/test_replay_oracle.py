@@ -72,3 +72,13 @@ def test_perfect_drafter_on_a_linear_curve(rp):
     n = len(tr["ids"]) - 1  # decoded after the first token
     assert rp.oracle(tr, None, [float(m) for m in range(1, 100)], 64, perfect=True) == pytest.approx(n)
     assert rp.oracle(tr, None, [1.0] * 100, 64, perfect=True) == pytest.approx(-(-n // 65))
+
+
+def test_the_shipped_avx512_curve_replays_as_measured(rp):
+    path = Path(__file__).resolve().parents[1] / "scripts" / "curves" / "avx512_2core.json"
+    v = rp.true_curve(str(path), 300, None)  # v[n - 1] = V(n)
+    assert v[0] == 1.0 and len(v) == 300
+    # the jag the file records: 8 tokens cost more per token than 4 or 16
+    assert v[7] / 8 > v[3] / 4 and v[7] / 8 > v[15] / 16
+    assert 2.8 < 128 / v[127] < 2.9  # 2.88 tokens per one-token time at 128, as measured
+    assert all(b >= a for a, b in zip(v[255:], v[256:]))  # extended past 256, never falling
