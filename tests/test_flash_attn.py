@@ -59,7 +59,6 @@ def test_runs_with_fa_auto_use_what_tune_measured(smol_path):
         assert setup_of(rt.target).key == replace(setup, flash_attn="on").key
 
 
-
 def test_tune_measures_again_what_an_earlier_tune_chose(smol_path, monkeypatch):
     # open_runtime applies a stored verdict before tune runs: calibrate must time both
     # settings again (-fa auto as asked), not keep the setting the model was left on
