@@ -39,6 +39,27 @@ def pytest_xdist_auto_num_workers(config) -> int:
         cores = os.cpu_count() or 1
     return max(1, min(cores, 4))
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched) -> None:
+    """A test that crashed its worker (a segfault in llama.cpp, or pytest-timeout ending a
+    hung test) is reported failed once and not run again; the run goes on and fails.
+
+    Under `--dist loadfile`, xdist puts every work unit the dead worker held back in the
+    queue, the crashed test still pending (so each replacement worker crashes on it
+    again) and the units it had finished too: a replacement worker handed a finished
+    unit is sent no tests, never reports one, and is never given more work, so the run
+    hangs with every worker idle. Here the crashed test counts as done and finished
+    units leave the queue."""
+    queue = getattr(sched, "workqueue", None)
+    if not isinstance(queue, dict):  # another scheduler (-n 0 has none)
+        return
+    for scope, unit in list(queue.items()):
+        if crashitem in unit:
+            unit[crashitem] = True
+        if all(unit.values()):
+            del queue[scope]
+
+
 TEST_MODEL = "smollm2-135m"
 TARGET = "qwen2.5-coder-1.5b"
 DRAFT = "qwen2.5-coder-0.5b"

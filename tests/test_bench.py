@@ -235,8 +235,8 @@ def test_peer_llama_cpp_python_matches_plain(smol1, smol_path):
 
     task = wl.Workload("c-1", "code", prompt="Write a Python function that adds two numbers.")
     prep = wl.prepare(task, smol, 24)
-    peer = open_peer("llama-cpp-python", smol_path, n_ctx=512, n_threads=1, num_pred_tokens=8,
-                     amx_workaround=False)
+    # the AMX workaround as the backend applies it (a batch on AMX segfaults without it)
+    peer = open_peer("llama-cpp-python", smol_path, n_ctx=512, n_threads=1, num_pred_tokens=8)
     try:
         res = run_workload(Runtime(smol), task, [Variant("none"), Variant("peer", 8)],
                            Settings(n_predict=24, log=False), peer=peer)

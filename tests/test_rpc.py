@@ -160,6 +160,7 @@ def test_worker_on_a_busy_port_fails_clearly():
     assert proc.returncode == 1 and "cannot listen on 127.0.0.1:" in proc.stderr, proc.stderr
 
 
+@needs_rpc  # a build without RPC refuses `worker` first, for that reason
 def test_worker_host_must_be_an_ipv4_address():
     result = CliRunner().invoke(cli, ["worker", "--host", "localhost"])
     assert result.exit_code == 2 and "IPv4" in result.output

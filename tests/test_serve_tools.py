@@ -111,20 +111,29 @@ def test_completion_logprobs_legacy_shape_streamed_or_not(smol):
 
 def test_logprobs_are_the_same_with_and_without_speculation(smol):
     """Drafted tokens' logprobs come from their rows in the verify batch: equal to what
-    plain decoding gives, up to the batched kernels' small differences (DESIGN.md)."""
-    spec, plain = _legacy(smol[0], REPEAT, 32, 3), _legacy(smol[1], REPEAT, 32, 3)
+    plain decoding gives, up to the batched kernels' small differences (docs/architecture.md).
+    The plain reply goes back as the `prediction` the n-gram drafter copies, so most of
+    the reply is drafted and verified in batches whatever this machine's model writes."""
+    def ask(base: str, **kw):
+        return client(base).chat.completions.create(model="m", messages=CHAT, max_tokens=32, temperature=0,
+                                                    logprobs=True, top_logprobs=3, **kw)
+    plain = ask(smol[1])
+    text = plain.choices[0].message.content
+    spec = ask(smol[0], prediction={"type": "content", "content": text})
     drafted = spec.usage.model_extra["speculation"]
-    assert drafted["accepted"] >= 8 and plain.usage.model_extra["speculation"]["drafted"] == 0
-    a, b = spec.choices[0].logprobs, plain.choices[0].logprobs
-    n = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), len(b.tokens))
-    if n < len(b.tokens):  # greedy diverged: only at a near-tie of the plain run
-        margin = sorted(b.top_logprobs[n].values(), reverse=True)
-        assert margin[0] - margin[1] < 0.1, (n, a.tokens[n], b.tokens[n], b.top_logprobs[n])
-    assert n >= 16, (a.tokens, b.tokens)
-    assert a.token_logprobs[:n] == pytest.approx(b.token_logprobs[:n], abs=0.02)
-    for x, y in zip(a.top_logprobs[:n], b.top_logprobs[:n]):
-        both = set(x) & set(y)
-        assert len(both) >= 2 and [x[k] for k in both] == pytest.approx([y[k] for k in both], abs=0.02)
+    assert plain.usage.model_extra["speculation"]["drafted"] == 0 and plain.usage.completion_tokens >= 24
+    assert drafted["accepted"] >= plain.usage.completion_tokens // 2, drafted
+    a, b = spec.choices[0].logprobs.content, plain.choices[0].logprobs.content
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x.token != y.token), len(b))
+    if n < len(b):  # greedy diverged: only at a near-tie of the plain run
+        margin = sorted((t.logprob for t in b[n].top_logprobs), reverse=True)
+        assert margin[0] - margin[1] < 0.1, (n, a[n].token, b[n].token, b[n].top_logprobs)
+    assert n >= 16, ([x.token for x in a], [y.token for y in b])
+    assert [x.logprob for x in a[:n]] == pytest.approx([y.logprob for y in b[:n]], abs=0.02)
+    for x, y in zip(a[:n], b[:n]):
+        xs, ys = ({t.token: t.logprob for t in e.top_logprobs} for e in (x, y))
+        both = set(xs) & set(ys)
+        assert len(both) >= 2 and [xs[k] for k in both] == pytest.approx([ys[k] for k in both], abs=0.02)
 
 
 @pytest.mark.parametrize("path, extra, param", [

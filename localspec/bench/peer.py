@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from localspec.core.backend import has_amx
+
 PEERS = ("llama-cpp-python",)
 
 
@@ -47,8 +49,11 @@ class LlamaCppPythonPeer:
 
     def __init__(self, model_path: str, *, n_ctx: int, n_threads: int, n_gpu_layers: int = 0,
                  num_pred_tokens: int = 10, max_ngram_size: int = 2,
-                 amx_workaround: bool = False) -> None:
+                 amx_workaround: bool | None = None) -> None:
         import llama_cpp
+
+        if amx_workaround is None:  # as the backend decides: on wherever AMX would crash a batch
+            amx_workaround = has_amx()
 
         self.drafter = _counting_lookup(max_ngram_size, num_pred_tokens)
         with _no_extra_bufts(amx_workaround):
@@ -139,7 +144,7 @@ def _no_extra_bufts(active: bool) -> Iterator[None]:
 
 
 def open_peer(name: str, model_path: str, *, n_ctx: int, n_threads: int, num_pred_tokens: int,
-              amx_workaround: bool, n_gpu_layers: int = 0) -> LlamaCppPythonPeer:
+              amx_workaround: bool | None = None, n_gpu_layers: int = 0) -> LlamaCppPythonPeer:
     """The peer called `name` (one of PEERS), loaded on `model_path`."""
     if name != "llama-cpp-python":
         raise ValueError(f"unknown peer {name!r}")

@@ -219,6 +219,14 @@ def supports_gpu_offload() -> bool:
     return bool(offload_handles())
 
 
+def offload_compiled() -> bool:
+    """llama.cpp was built with a backend it could offload to (a GPU backend, or RPC),
+    whether or not such a device is present: only then does its load log say how many
+    layers it offloaded."""
+    init_backend()
+    return bool(_ll.llama_supports_gpu_offload())
+
+
 def max_devices() -> int:
     """Length of llama_model_params.tensor_split."""
     return int(_ll.llama_max_devices())
