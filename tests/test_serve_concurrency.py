@@ -34,6 +34,7 @@ from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import BackendError
 from localspec.serve.app import ServeSettings, create_app
+from localspec.serve.connections import ConnectionLimits, uvicorn_config
 from localspec.serve.jobs import Failed, Finished, Job, Text
 from localspec.serve.scheduler import Scheduler, SchedulerConfig
 
@@ -65,7 +66,7 @@ class Server:
     idle_timeout = 15  # seconds wait_idle() waits for every slot to be free
 
     def __init__(self, model: Model, drafter_factory=None, settings: ServeSettings | None = None,
-                 draft: Model | None = None, **cfg) -> None:
+                 draft: Model | None = None, limits: ConnectionLimits = ConnectionLimits(), **cfg) -> None:
         spec = cfg.pop("spec", SpecConfig(mode="ngram", draft_max=8))
         self.scheduler = Scheduler(model, SchedulerConfig(spec=spec, **cfg), drafter_factory=drafter_factory,
                                    draft=draft)
@@ -73,7 +74,8 @@ class Server:
         app = create_app(self.scheduler, model, settings)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+        # the connection limits `localspec serve` runs with (serve/connections.py)
+        self.server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", self.port, limits,
                                                     log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -22,6 +22,13 @@ from localspec.core.errors import UsageError
 from localspec.core.runtime import find_profile, open_runtime
 from localspec.serve.admission import MAX_MESSAGES, Drain
 from localspec.serve.app import ServeSettings, create_app, model_id_for
+from localspec.serve.connections import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_TIMEOUT,
+    ConnectionLimits,
+    uvicorn_config,
+)
 from localspec.serve.policy import (
     DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE,
     default_n_ctx,
@@ -63,12 +70,30 @@ log = logging.getLogger("localspec.serve")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="on SIGTERM / Ctrl-C new requests get a 503 and admitted ones this many seconds "
                    "to finish; then the rest end with a 503")
+@click.option("--header-timeout", type=click.FloatRange(min=0.1), default=DEFAULT_HEADER_TIMEOUT,
+              show_default=True, help="seconds a client has to send a request's headers, from connecting "
+                                      "or from its previous reply; then the connection is closed")
+@click.option("-to", "--timeout", "timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT,
+              show_default=True, help="seconds a client has to send a request body, and to resume reading "
+                                      "a reply it stopped reading; then the connection is closed")
+@click.option("--max-connections", type=click.IntRange(min=1), default=DEFAULT_MAX_CONNECTIONS,
+              show_default=True, help="open connections at most; past it the oldest one still sending its "
+                                      "headers (or idle) is closed, or, when all are serving, the new one gets a 503")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="HOST",
+              help="also answer requests whose Host header names HOST (repeatable; '*.lan' a domain, '*' any). "
+                   "By default only localhost, 127.0.0.1, ::1 and the --host value (with 0.0.0.0: also any "
+                   "IP address and this machine's name): others get a 403, so a web page cannot reach the "
+                   "server through DNS rebinding")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="let web pages of ORIGIN (e.g. http://localhost:3000; '*' any) read replies (CORS; "
+                   "repeatable). Without it no page of another origin can read them")
 @click.option("--no-log", is_flag=True, help="do not write requests to the acceptance log")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: int | None,
           spec_disable: int | None, api_key: str | None, max_tokens: int, max_tokens_limit: int,
           max_body_bytes: int, max_messages: int, prefill_chunk: int, alias: str | None,
-          shutdown_timeout: float, no_log: bool, **kw) -> None:
+          shutdown_timeout: float, header_timeout: float, timeout: float, max_connections: int,
+          allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...], no_log: bool, **kw) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics. Requests are batched together; speculation (n-gram drafting)
     yields under load.
@@ -113,13 +138,15 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
             model_id=model_id_for(target.path, alias), api_key=api_key, max_body_bytes=max_body_bytes,
             max_messages=max_messages, max_tokens_limit=max_tokens_limit, default_max_tokens=max_tokens, sampling=sampling,
             log_generations=not no_log, target_path=str(target.path),
+            host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
         )
         app = create_app(scheduler, target, settings)
         rule = "never off" if limit is None else f"off above {limit} active ({source})"
         click.echo(f"localspec serve: http://{_url_host(host)}:{port}/v1  model {settings.model_id}  "
                    f"{parallel} slots x {target.n_ctx_seq} tokens  spec {spec.mode}, {rule}"
                    + (f"  draft {draft.name}" if draft else ""), err=True)
-        config = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=verbose,
+        limits = ConnectionLimits(header_timeout, timeout, max_connections)
+        config = uvicorn_config(app, host, port, limits, lifespan="on", access_log=verbose,
                                 log_level="info" if verbose else "warning")
         _Server.run_draining(config, Drain(scheduler, shutdown_timeout))
     click.echo("localspec serve: stopped", err=True)

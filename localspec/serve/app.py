@@ -34,7 +34,7 @@ from localspec.acceptance import logdb
 from localspec.core.backend import Model, check_grammar
 from localspec.core.config import GenerationConfig, SamplingConfig
 from localspec.core.errors import GrammarError
-from localspec.serve import admission, protocol
+from localspec.serve import admission, guard, protocol
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
@@ -56,6 +56,10 @@ class ServeSettings:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # defaults for unset fields
     log_generations: bool = True
     target_path: str | None = None
+    host: str = "127.0.0.1"  # the bound address: a Host header may name it (serve/guard.py)
+    allowed_hosts: tuple[str, ...] = ()  # more Host names to answer (--allowed-host)
+    cors_origins: tuple[str, ...] = ()  # origins a browser may read replies from (--cors-origin)
+    sse_keepalive_s: float = 5.0  # a stream with nothing to send for this long gets a comment
 
 
 def create_app(scheduler: Scheduler, target: Model, settings: ServeSettings) -> Starlette:
@@ -81,7 +85,8 @@ def create_app(scheduler: Scheduler, target: Model, settings: ServeSettings) -> 
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _server_error}
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    middleware = guard.middleware(settings.host, settings.allowed_hosts, settings.cors_origins)
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers, middleware=middleware)
 
 
 def _error(e: ApiError) -> JSONResponse:
@@ -106,6 +111,12 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 def _sse(obj: object) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+# An SSE comment: clients and the official SDKs skip it; proxies and clients with an
+# idle timeout see the stream alive while the request waits in the queue or prefills
+KEEP_ALIVE = ": keep-alive\n\n"
+_QUIET = object()  # no event within the keep-alive interval
 
 
 class _Api:
@@ -312,9 +323,16 @@ class _Call:
         ended = {"ok": "finished", "cancelled": "cancelled"}.get(self.outcome, "failed")
         metrics.generation_ended(self.req.kind, ended)
 
-    async def _next(self) -> object:
-        """The next event; a Finished is logged and a Failed settles the outcome."""
-        ev = await self.queue.get()
+    async def _next(self, timeout: float | None = None) -> object:
+        """The next event (_QUIET when none comes within `timeout`); a Failed or a
+        Finished settles the outcome."""
+        if not self.queue.empty() or timeout is None:
+            ev = self.queue.get_nowait() if not self.queue.empty() else await self.queue.get()
+        else:
+            try:
+                ev = await asyncio.wait_for(self.queue.get(), timeout)
+            except asyncio.TimeoutError:
+                return _QUIET
         if isinstance(ev, Failed):
             self.outcome = str(ev.status)
         elif isinstance(ev, Finished):
@@ -342,8 +360,12 @@ class _Call:
         try:
             for ch in self.reply.opening():
                 yield _sse(ch)
+            keep_alive = self.api.settings.sse_keepalive_s
             while True:
-                ev = await self._next()
+                ev = await self._next(keep_alive if keep_alive > 0 else None)
+                if ev is _QUIET:
+                    yield KEEP_ALIVE
+                    continue
                 if ev is _GONE:
                     return
                 if isinstance(ev, Text):
