@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from localspec.core.chat_template import (
     SpecialTokens,
     TemplateError,
     compiled,
+    normalize_messages,
     render_chat,
     special_tokens,
 )
@@ -164,3 +169,96 @@ def test_failing_template_falls_back_to_llama_cpp_once_with_a_warning(smol, capl
         render_chat(broken, messages, strict=True)
     with pytest.raises(TemplateError):  # the built-in renderer cannot show tools
         render_chat(broken, messages, tools=[{"type": "function", "function": {"name": "f"}}])
+
+
+# ----- hostile templates: bounded time and size, refused with a clear error ---------------
+
+NESTED_LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+GIGABYTES = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}"  # 10 GB emitted
+HOSTILE = {
+    "nested loop": NESTED_LOOP,
+    "gigabytes emitted": GIGABYTES,
+    "one huge value": "{{ 'x' * 10000000000 }}",
+    "a huge pad": "{{ 'x'|center(10000000000) }}{{ 'x'.ljust(10000000000) }}",
+    "a huge format width": "{{ '{:>10000000000}'.format('x') }}",
+    "doubling": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "a huge number": "{{ 2 ** 100000000 }}",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_template_is_stopped_within_its_bounds(name, smol, monkeypatch):
+    from localspec.core import template_sandbox
+    from localspec.core.chat_template import TemplateLimitError
+
+    monkeypatch.setattr(template_sandbox, "MAX_SECONDS", 1.0)
+    hostile = BrokenTemplate(smol, "{{ messages[0].content }}" + HOSTILE[name])
+    t0 = time.monotonic()
+    with pytest.raises(TemplateLimitError, match="hostile or broken") as err:
+        render_chat(hostile, [{"role": "user", "content": "hi"}])  # no fallback for it
+    assert time.monotonic() - t0 < 3.0
+    assert "\n" not in str(err.value)
+    with pytest.raises(TemplateLimitError):  # and refused again at once
+        render_chat(hostile, [{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t0 < 3.5
+
+
+def test_the_bounds_leave_real_templates_their_speed():
+    """Bounded rendering is jinja2's own speed: the deadline is a watchdog thread, not
+    a trace function (which made it 3-4x slower)."""
+    source = DATA["templates"]["file:Qwen-Qwen3-0.6B"]["source"]
+    tmpl = ChatTemplate(source)
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hello world " * 100}
+                for i in range(2047)]
+    normalized = normalize_messages(messages, tmpl.caps)
+    variables = {"bos_token": "", "eos_token": "", "add_generation_prompt": True}
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    plain = best(lambda: tmpl._template.render(messages=normalized, **variables))
+    bounded = best(lambda: tmpl._render(normalized, variables))
+    assert tmpl._render(normalized, variables) == tmpl._template.render(messages=normalized, **variables)
+    assert bounded < 2.0 * plain + 0.01, (bounded, plain)
+
+
+@pytest.fixture(scope="module")
+def hostile_ggufs(smol_path, tmp_path_factory):
+    """The real SmolLM2 GGUF with its chat template replaced (gguf's own
+    gguf_new_metadata script): one that loops, one that emits gigabytes."""
+    out = {}
+    for name, source in (("loop", NESTED_LOOP), ("gigabytes", GIGABYTES)):
+        tmp = tmp_path_factory.mktemp(f"hostile-{name}")
+        (tmp / "template.jinja").write_text(source)
+        path = tmp / f"hostile-{name}.gguf"
+        subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", smol_path, str(path),
+                        "--chat-template-file", str(tmp / "template.jinja"), "--force"],
+                       check=True, capture_output=True, timeout=300)
+        out[name] = str(path)
+    return out
+
+
+def test_run_refuses_a_hostile_template_in_one_line(hostile_ggufs, tmp_path):
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path)}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "localspec", "run", "-m", hostile_ggufs["loop"], "-t", "1",
+                        "-n", "4", "hi"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert "ran longer than 5 s" in lines[-1] and "hostile or broken" in lines[-1], r.stderr
+    assert "Traceback" not in r.stderr and time.monotonic() - t0 < 60
+
+
+def test_serve_refuses_a_hostile_template_at_load(hostile_ggufs, tmp_path):
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "localspec", "serve", "-m", hostile_ggufs["gigabytes"], "-t", "1",
+                        "-c", "512", "--parallel", "1", "--port", "0"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "rendered more than" in r.stderr and "Traceback" not in r.stderr
+    assert "http://" not in r.stderr  # refused before it listened

@@ -17,6 +17,7 @@ from localspec.commands.options import (
     spec_config,
     spec_options,
 )
+from localspec.core.chat_template import refuse_hostile
 from localspec.core.config import SpecConfig
 from localspec.core.errors import UsageError
 from localspec.core.runtime import find_profile, open_runtime
@@ -127,6 +128,8 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
 
     with open_runtime(opts, want_draft=want_draft, n_seq_max=parallel) as rt:
         target, draft = rt.target, rt.draft
+        # a template past the bounds is refused now, not on every request (see its error)
+        refuse_hostile(target)
         spec = _spec(kw, draft)
         profile = find_profile(target, draft) if spec_disable is None else None
         c = profile.c if profile and spec.mode in ("model", "hybrid") else None

@@ -10,7 +10,10 @@ it: `messages`, `tools`, `add_generation_prompt`, `bos_token`/`eos_token`,
 controls. Messages are first normalised as llama-server normalises them (content always
 a string, tool-call arguments as objects for templates that print them as JSON, a system
 message folded into the first user turn for templates without a system role), so the
-prompt text is the one llama-server renders for the same request.
+prompt text is the one llama-server renders for the same request. The template's time
+and the size of what it builds are bounded (core/template_limits.py): a template past
+them is refused with TemplateLimitError, never replaced by the fallback renderer; the
+environment itself (HF's globals and filters, the bounds) is core/template_sandbox.py.
 
 Pure Python: the backend hands over the template source and special-token texts.
 """
@@ -20,17 +23,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Protocol
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from localspec.core.errors import UsageError
+from localspec.core.template_sandbox import (
+    TemplateError,
+    TemplateLimitError,
+    bounded,
+    environment,
+    output,
+)
 
 log = logging.getLogger("localspec.chat_template")
 
@@ -43,10 +50,6 @@ CHATML = (
     "  {{- '<|im_start|>assistant\\n' -}}\n"
     "{%- endif -%}"
 )
-
-
-class TemplateError(UsageError):
-    """The chat template cannot render this request (the server answers 400)."""
 
 
 @dataclass(frozen=True)
@@ -69,53 +72,7 @@ class Caps:
     object_arguments: bool = False  # prints tool-call arguments as a JSON object
 
 
-class _GenerationTag(jinja2.ext.Extension):
-    """HF's `{% generation %}...{% endgeneration %}` marker: renders its body."""
-
-    tags = frozenset({"generation"})
-
-    def parse(self, parser: jinja2.parser.Parser) -> list:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-def _raise_exception(message: str) -> None:
-    raise TemplateError(f"chat template: {message}")
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Jinja's own tojson sorts keys and escapes HTML; templates expect json.dumps (HF)
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys, default=_listed)
-
-
-def _listed(value: object) -> list:
-    """tojson of a Jinja filter's result (`tools | map(...)` is a generator)."""
-    if isinstance(value, Iterable):
-        return list(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols, _GenerationTag],
-    )
-    env.filters["tojson"] = _tojson
-    # no autoescaping here, so `safe` only makes Markup, and Markup + str escapes the
-    # str ("x"|safe + t|tojson gives &#34;): llama.cpp's engine has no such thing
-    env.filters["safe"] = lambda value: value
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-_ENV = _environment()
+_ENV = environment()
 
 
 class ChatTemplate:
@@ -125,11 +82,12 @@ class ChatTemplate:
     def __init__(self, source: str, tokens: SpecialTokens = SpecialTokens()) -> None:
         self.source = source
         self.tokens = tokens
-        try:
-            self._template = _ENV.from_string(source)
-        except jinja2.TemplateError as exc:
-            raise TemplateError(f"the chat template does not compile: {exc}") from exc
-        self.caps = _probe(self)
+        with bounded():  # compiling folds constants: it runs template code too
+            try:
+                self._template = _ENV.from_string(source)
+            except jinja2.TemplateError as exc:
+                raise TemplateError(f"the chat template does not compile: {exc}") from exc
+            self.caps = _probe(self)
 
     def render(self, messages: Sequence[Mapping], *, tools: Sequence[Mapping] | None = None,
                add_generation_prompt: bool = True, continue_final_message: bool | None = None,
@@ -168,7 +126,8 @@ class ChatTemplate:
 
     def _render(self, messages: list[dict], variables: dict) -> str:
         try:
-            return self._template.render(messages=messages, **variables)
+            with bounded():
+                return output(self._template.generate(messages=messages, **variables))
         except TemplateError:
             raise
         except Exception as exc:  # Jinja errors, and template bugs (TypeError, KeyError)
@@ -320,6 +279,8 @@ def _probe(tmpl: ChatTemplate) -> Caps:
 def _try(tmpl: ChatTemplate, messages: list[dict], **variables: Any) -> str:
     try:  # raw messages: the probe is what decides how to normalise them
         return tmpl._render(messages, _globals(tmpl.tokens) | variables)
+    except TemplateLimitError:
+        raise
     except TemplateError:
         return ""
 
@@ -348,9 +309,23 @@ def special_tokens(model: TemplateSource) -> SpecialTokens:
     return SpecialTokens(text(model.bos), text(model.eos), model.add_bos, model.add_eos)
 
 
-@lru_cache(maxsize=16)
+_hostile: dict[str, TemplateLimitError] = {}
+
+
 def compiled(source: str, tokens: SpecialTokens = SpecialTokens()) -> ChatTemplate:
-    """A compiled template, cached (compiling and probing takes milliseconds)."""
+    """A compiled template, cached (compiling and probing takes milliseconds); one that
+    ran past the bounds is refused again at once."""
+    if source in _hostile:
+        raise _hostile[source]
+    try:
+        return _compiled(source, tokens)
+    except TemplateLimitError as exc:
+        _hostile[source] = exc
+        raise
+
+
+@lru_cache(maxsize=16)
+def _compiled(source: str, tokens: SpecialTokens) -> ChatTemplate:
     return ChatTemplate(source, tokens)
 
 
@@ -362,6 +337,19 @@ def template_for(model: TemplateSource, tools: bool = False) -> ChatTemplate:
     if not source or source == "chatml":
         source = CHATML
     return compiled(source, special_tokens(model))
+
+
+def refuse_hostile(model: TemplateSource) -> None:
+    """Compile and probe the model's templates now (serve does, at load): a hostile one
+    raises TemplateLimitError there, before the server listens; one that merely fails
+    is left to render_chat's fallback, as before."""
+    for tools in (False, True):
+        try:
+            template_for(model, tools=tools)
+        except TemplateLimitError:
+            raise
+        except TemplateError:
+            pass
 
 
 _warned: set[str] = set()
@@ -378,6 +366,8 @@ def render_chat(model: TemplateSource, messages: Sequence[Mapping], *,
     try:
         return template_for(model, tools=bool(tools)).render(
             messages, tools=tools, add_generation_prompt=add_generation_prompt, **context)
+    except TemplateLimitError:
+        raise  # a hostile template is refused, not worked around
     except TemplateError as exc:
         if strict or tools or not _plain(messages):
             raise
