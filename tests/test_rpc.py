@@ -160,6 +160,38 @@ def test_worker_on_a_busy_port_fails_clearly():
     assert proc.returncode == 1 and "cannot listen on 127.0.0.1:" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20"])
+def test_a_worker_other_machines_can_reach_needs_allow_remote(host, monkeypatch):
+    """Before anything listens, with or without an RPC build: the refusal says what
+    a reachable worker risks."""
+    monkeypatch.setattr(ggml, "rpc_start_server", lambda *a: pytest.fail("the RPC server started"))
+    result = CliRunner().invoke(cli, ["worker", "--host", host, "--port", "50999"])
+    assert result.exit_code == 2, result.output
+    out = " ".join(result.output.split())
+    assert "--allow-remote" in out and "read and write this worker's memory" in out
+    assert "port 50999" in out and "out-of-bounds" in out and "Traceback" not in out
+    help_text = " ".join(CliRunner().invoke(cli, ["worker", "--help"]).output.split())
+    assert "--allow-remote" in help_text and "read and write this worker's memory" in help_text
+
+
+@needs_rpc
+def test_allow_remote_serves_on_every_interface_with_a_warning():
+    port = _free_port()
+    proc = subprocess.Popen(_cmd("worker", "--host", "0.0.0.0", "--allow-remote", "--port", str(port), "-t", "1"),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "serving" in line:
+                break
+        assert any(line.startswith("WARNING: listening on 0.0.0.0") for line in lines), lines
+        assert "serving" in lines[-1], lines
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+
+
 @needs_rpc  # a build without RPC refuses `worker` first, for that reason
 def test_worker_host_must_be_an_ipv4_address():
     result = CliRunner().invoke(cli, ["worker", "--host", "localhost"])
