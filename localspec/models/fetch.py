@@ -25,7 +25,8 @@ from filelock import FileLock, Timeout
 
 from localspec.core.errors import PullError, PullInterrupted
 from localspec.files import fsync_dir
-from localspec.models.hub import first_line, hub_download
+from localspec.models import verdicts
+from localspec.models.hub import first_line, hub_cached, hub_download, remove_download
 
 if TYPE_CHECKING:
     from localspec.models.manifest import ModelEntry, ModelSource, WheelPart
@@ -58,8 +59,22 @@ def fetch_entry(entry: ModelEntry, dest: Path, *, progress: bool = True, force: 
 
 
 def _fetch_hub(entry: ModelEntry, source: ModelSource, *, progress: bool, force: bool) -> Path:
+    """hf_hub_download, verified. A file that fails and that this pull downloaded is
+    deleted; one that was in the cache before (another tool's, or an earlier pull's) is
+    left there, and not used."""
+    before = None if force else hub_cached(source.repo, source.file, source.revision)
+    if before is not None and verdicts.verdict(before, entry.sha256) is False:
+        raise PullError(f"{before} failed sha256 verification; not used (localspec does not delete "
+                        "files it did not download)")
     path = hub_download(source.repo, source.file, revision=source.revision, force=force, progress=progress)
-    check_file(path, entry.size, entry.sha256, progress=progress)
+    try:
+        check_file(path, entry.size, entry.sha256, progress=progress)
+    except PullError as exc:
+        if before is None:
+            verdicts.forget(path)
+            remove_download(path)
+            raise PullError(f"{exc}; deleted the download") from None
+        raise
     return path
 
 
@@ -118,6 +133,7 @@ def _assemble(entry: ModelEntry, source: ModelSource, dest: Path, progress: bool
             os.replace(partial, dest)
             done = True
         fsync_dir(dest.parent)
+        verdicts.record(dest, entry.sha256, True)
         notice(f"saved {dest} (sha256 ok)", progress)
         return dest
     except KeyboardInterrupt as exc:
@@ -219,11 +235,13 @@ def _verify(name: str, size: int, sha256: str, want_size: int, want_sha256: str)
 
 
 def check_file(path: Path, size: int, sha256: str, *, progress: bool = True) -> None:
-    """Raise PullError unless the file has this size and sha256."""
+    """Raise PullError unless the file has this size and sha256; the verdict is kept
+    (verdicts.py), so a file that failed is never used."""
     actual = path.stat().st_size
     if actual != size:
         raise PullError(f"{path} is {actual:,} bytes, expected {size:,}")
     got = sha256_file(path, progress=progress)
+    verdicts.record(path, sha256, got == sha256)
     if got != sha256:
         raise PullError(f"{path} sha256 mismatch: got {got[:16]}…, expected {sha256[:16]}…")
 

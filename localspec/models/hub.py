@@ -121,6 +121,28 @@ def hub_download(
     return Path(path)
 
 
+def hub_cached(repo: str, file: str, revision: str | None = None) -> Path | None:
+    """The file in the hub cache (no network), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo, file, cache_dir=hub_cache_dir(), revision=revision)
+    except ValueError:  # HFValidationError: not a valid repo id
+        return None
+    return Path(found) if isinstance(found, str) and Path(found).is_file() else None
+
+
+def remove_download(path: Path) -> None:
+    """Delete a file hf_hub_download just wrote: its snapshot entry and the blob it links
+    to (only inside the hub cache). For what localspec's own pull downloaded only: other
+    tools' files in the cache are never deleted."""
+    root = os.path.realpath(hub_cache_dir())
+    blob = Path(os.path.realpath(path))
+    for p in {Path(path), blob}:
+        if os.path.commonpath([root, os.path.realpath(p.parent)]) == root:
+            p.unlink(missing_ok=True)
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

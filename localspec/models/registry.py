@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localspec.core.errors import ModelNotFound, PullError, PullInterrupted, UsageError
-from localspec.models import fetch, hub, paths, stores
+from localspec.models import fetch, hub, paths, stores, verdicts
 from localspec.models.gguf_info import (
     SPLIT_NAME,
     GGUFError,
@@ -164,29 +164,48 @@ def check_gguf(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
-def find_local(entry: ModelEntry, found: list[stores.Found] | None = None) -> Path | None:
+def find_local(entry: ModelEntry, found: list[stores.Found] | None = None, *,
+               verify: bool = False) -> Path | None:
     """The entry's file in the models dirs, the hub cache or another tool's store (same
     file name), if present with the right size. `found`: discover()'s list, if at hand.
 
-    Size only: the full sha256 is checked when pulling, not on every start.
+    A file whose sha256 check failed is never returned. The models dirs hold what
+    localspec's pulls verified, so size is enough there; with `verify`, a file found
+    elsewhere is sha256-checked before its first use (once: the verdict is kept by
+    size and mtime).
     """
-    for directory in paths.models_dirs():
-        candidate = directory / entry.filename
-        if candidate.is_file() and candidate.stat().st_size == entry.size:
+    for candidate, ours in _candidates(entry, found):
+        ok = verdicts.verdict(candidate, entry.sha256)
+        if ok is None and verify and not ours:
+            try:
+                fetch.check_file(candidate, entry.size, entry.sha256, progress=True)
+                ok = True
+            except PullError as exc:
+                fetch.notice(f"{exc}; not used")
+                ok = False
+        if ok is not False:
             return candidate
-    for source in entry.sources:
-        if source.type == "hf":
-            cached = _hub_cached(source.repo, source.file, source.revision)
-            if cached is not None and cached.stat().st_size == entry.size:
-                return cached
-    for item in stores.discover() if found is None else found:
-        if item.path.name == entry.filename and item.size == entry.size:
-            return item.path
     return None
 
 
+def _candidates(entry: ModelEntry, found: list[stores.Found] | None):
+    """(path, in a models dir) of each file that may be the entry, in the order used."""
+    for directory in paths.models_dirs():
+        candidate = directory / entry.filename
+        if candidate.is_file() and candidate.stat().st_size == entry.size:
+            yield candidate, True
+    for source in entry.sources:
+        if source.type == "hf":
+            cached = hub.hub_cached(source.repo, source.file, source.revision)
+            if cached is not None and cached.stat().st_size == entry.size:
+                yield cached, False
+    for item in stores.discover() if found is None else found:
+        if item.path.name == entry.filename and item.size == entry.size:
+            yield item.path, False
+
+
 def _resolve_entry(entry: ModelEntry, *, pull_if_missing: bool, progress: bool) -> Path:
-    found = find_local(entry)
+    found = find_local(entry, verify=True)
     if found is None and pull_if_missing:
         found = pull(entry.name, progress=progress)
     if found is None:
@@ -221,7 +240,7 @@ def _resolve_hub(repo: str, want: str | None, *, pull_if_missing: bool, progress
             file = _pick_gguf(repo, hub.hub_list_files(repo), want, strict=True)
         except PullError as exc:
             raise ModelNotFound(str(exc)) from exc
-    cached = None if force else _hub_cached(repo, file)
+    cached = None if force else hub.hub_cached(repo, file)
     if cached is not None:
         return check_gguf(cached)
     if not pull_if_missing:
@@ -248,17 +267,6 @@ def _pick_gguf(repo: str, files: list[str], want: str | None, *, strict: bool) -
 
 def _hub_repo_dir(repo: str) -> Path:
     return hub.hub_cache_dir() / ("models--" + repo.replace("/", "--"))
-
-
-def _hub_cached(repo: str, file: str, revision: str | None = None) -> Path | None:
-    """The cached file (no network), or None."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(repo, file, cache_dir=hub.hub_cache_dir(), revision=revision)
-    except ValueError:  # HFValidationError: not a valid repo id
-        return None
-    return Path(found) if isinstance(found, str) and Path(found).is_file() else None
 
 
 def _hub_cached_files(repo: str) -> list[str]:
@@ -305,10 +313,8 @@ def pull_entry(entry: ModelEntry, *, progress: bool = True, force: bool = False)
                 fetch.check_file(existing, entry.size, entry.sha256, progress=progress)
             except KeyboardInterrupt as exc:
                 raise PullInterrupted(f"verification of {existing} interrupted") from exc
-            except PullError as exc:
-                if existing != dest:
-                    raise PullError(f"{exc}; delete it and pull again") from None
-                fetch.notice(f"{exc}; pulling again", progress)
+            except PullError as exc:  # its verdict is kept: it is never used
+                fetch.notice(f"{exc}; not used, pulling again", progress)
             else:
                 fetch.notice(f"verified {existing} (sha256 ok)", progress)
                 return existing
@@ -335,10 +341,12 @@ def list_models(*, header: bool = True) -> list[ModelStatus]:
     seen = {os.path.realpath(row.path) for row in rows if row.path is not None}
     for item in _models_dir_files() + found:
         entry = manifest.find(item.path.name)
-        if os.path.realpath(item.path) in seen or (entry is not None and item.size == entry.size):
+        bad = entry is not None and verdicts.verdict(item.path, entry.sha256) is False
+        if os.path.realpath(item.path) in seen or (entry is not None and item.size == entry.size and not bad):
             continue
         seen.add(os.path.realpath(item.path))
-        note = f"not {entry.name}: wrong size (partial?)" if entry is not None else ""
+        note = (f"not {entry.name}: " + ("failed its sha256 check, not used" if bad else "wrong size (partial?)")
+                if entry is not None else "")
         rows.append(ModelStatus(item.name, item.path.name, item.size, (), item.path, note, False,
                                 item.source, item.parts))  # fmt: skip
     return [_with_header(row) for row in rows] if header else rows
