@@ -12,15 +12,20 @@ from pathlib import Path
 
 
 def write_atomic(path: str | Path, data: bytes | str, mode: int | None = None,
-                 before_replace: Callable[[], None] | None = None) -> Path:
+                 before_replace: Callable[[], None] | None = None, *, follow_symlinks: bool = True) -> Path:
     """Write via a temp file in the same directory, fsync, then rename over `path`;
     text is written as UTF-8. Returns the path written (a symlink's target).
 
     At every moment `path` holds either the old or the new content in full. `mode`:
     permission bits for the new file (default: the existing file's, else 0o666 under
     the umask, as open() would give). A symlink is followed: its target is replaced,
-    the link kept. `before_replace` runs after the fsync, just before the rename."""
-    target = Path(os.path.realpath(path))
+    the link kept; with `follow_symlinks=False` the link itself is replaced by the file
+    and what it pointed at is never written (a backup name someone may have planted).
+    `before_replace` runs after the fsync, just before the rename."""
+    if follow_symlinks:
+        target = Path(os.path.realpath(path))
+    else:  # the directory resolved, the name itself not
+        target = Path(os.path.realpath(Path(path).parent)) / Path(path).name
     if isinstance(data, str):
         data = data.encode("utf-8")
     if mode is None:
@@ -43,12 +48,17 @@ def write_atomic(path: str | Path, data: bytes | str, mode: int | None = None,
 
 
 def _mode_for(target: Path) -> int:
+    """The existing file's permission bits, else (no file, or a link not followed)
+    0o666 under the umask."""
     try:
-        return stat.S_IMODE(target.stat().st_mode)
+        st = target.lstat()
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        st = None
+    if st is not None and not stat.S_ISLNK(st.st_mode):
+        return stat.S_IMODE(st.st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def fsync_dir(path: str | Path) -> None:

@@ -240,6 +240,28 @@ def test_crlf_mode_and_no_final_newline_kept(tmp_path, smol_path):
     ast.parse(data.decode())
 
 
+def test_backup_replaces_a_symlink_at_file_orig_and_never_writes_through_it(tmp_path, smol_path):
+    """Someone planted FILE.orig -> a file elsewhere: --backup must not overwrite that file."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    victim = elsewhere / "precious.txt"
+    victim.write_text("keep me\n")
+    victim.chmod(0o600)
+    p = work / "tool.py"
+    p.write_text(SMALL)
+    p.chmod(0o640)
+    (work / "tool.py.orig").symlink_to(victim)
+    result = edit_cli(str(p), "-i", SMOL_EDIT, "-m", smol_path, "-t", "1", "-y", "--backup")
+    assert result.exit_code == 0, result.output
+    assert victim.read_text() == "keep me\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    backup = work / "tool.py.orig"
+    assert not backup.is_symlink() and backup.read_text() == SMALL
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o640
+    assert "a - b" in p.read_text()
+    assert sorted(x.name for x in work.iterdir()) == ["tool.py", "tool.py.orig"]  # no temp file left
+
+
 def test_filter_mode_through_a_real_pipe(smol_path):
     proc = edit_proc("-", "-m", smol_path, "-t", "1", "-q", "-i", SMOL_EDIT, input=SMALL.encode())
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]

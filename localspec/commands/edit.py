@@ -328,7 +328,9 @@ class Session:
         try:
             if self.backup and Path(dest).exists():
                 still_original()
-                write_atomic(f"{dest}.orig", Path(dest).read_bytes(), stat.S_IMODE(Path(dest).stat().st_mode))
+                # a link standing at FILE.orig is replaced, never written through
+                write_atomic(f"{dest}.orig", Path(dest).read_bytes(), stat.S_IMODE(Path(dest).stat().st_mode),
+                             follow_symlinks=False)
             mode = src.mode if (src.mode is not None and not Path(dest).exists()) else None
             write_atomic(dest, data, mode, before_replace=still_original)
         except OSError as exc:
