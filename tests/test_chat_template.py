@@ -194,7 +194,7 @@ def test_a_hostile_template_is_stopped_within_its_bounds(name, smol, monkeypatch
     monkeypatch.setattr(template_sandbox, "MAX_SECONDS", 1.0)
     hostile = BrokenTemplate(smol, "{{ messages[0].content }}" + HOSTILE[name])
     t0 = time.monotonic()
-    with pytest.raises(TemplateLimitError, match="hostile or broken") as err:
+    with pytest.raises(TemplateLimitError, match="hostile or broken|more than any model's context") as err:
         render_chat(hostile, [{"role": "user", "content": "hi"}])  # no fallback for it
     assert time.monotonic() - t0 < 3.0
     assert "\n" not in str(err.value)

@@ -146,7 +146,8 @@ def output(chunks: Iterator[str]) -> str:
             raise _limit(f"ran longer than {MAX_SECONDS:g} s")
         total += len(chunk)
         if total > MAX_CHARS:
-            raise _limit(f"rendered more than {MAX_CHARS:,} characters")
+            raise TemplateLimitError(f"the chat template rendered more than {MAX_CHARS:,} characters, "
+                                     "more than any model's context holds")
         _charge(len(chunk))
         parts.append(chunk)
     return "".join(parts)
