@@ -1,6 +1,11 @@
 """`localspec serve`: an OpenAI-compatible HTTP server over one llama.cpp context.
 
-    app.py        Starlette routes and SSE; talks to the scheduler via queues
+    app.py        Starlette routes and SSE (keep-alive comments while a stream waits);
+                  talks to the scheduler via queues
+    connections.py  uvicorn's h11 protocol with deadlines for a request's headers and
+                  body and for a client that stops reading, and a connection cap
+    guard.py      what a web page must not do: a foreign Host (403), a POST that is not
+                  JSON (415); CORS only for --cors-origin
     admission.py  who gets in and what a request may ask: API key, body size, message
                   count, max_tokens vs the slot's context, 429/503 with Retry-After,
                   the SIGTERM drain (stop admitting, a grace period, then 503)
