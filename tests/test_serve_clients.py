@@ -2,7 +2,8 @@
 
 - slowloris: a client trickling its headers or its body is cut off within the bound
   while normal requests are served; idle sockets past --max-connections make room for
-  new ones (/health answers); with every connection serving, a new one gets a 503;
+  new ones (/health answers); with every connection serving, a new one gets a 503; a
+  client that stops reading its reply is dropped after the timeout;
 - SSE keep-alive comments while a streamed request waits for a slot, and the official
   client reads such a stream as before;
 - web pages: a POST that is not application/json gets a 415, a foreign Host a 403,
@@ -276,3 +277,44 @@ def test_serve_help_names_the_limits():
                          text=True, timeout=60).stdout
     for flag in ("--header-timeout", "--timeout", "--max-connections", "--allowed-host", "--cors-origin"):
         assert flag in out, flag
+
+
+def test_a_client_that_stops_reading_is_dropped_after_the_timeout():
+    """The transport pauses the protocol when its write buffer stays full (a client that
+    reads nothing of a large reply; on loopback the kernel absorbs megabytes first, so
+    the pause is signalled here as the transport would): the connection is closed once
+    `timeout` passes without a resume, and kept while resumes come."""
+    import asyncio
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from localspec.serve.connections import protocol_class
+
+    async def app(scope, receive, send):  # never reached: no request is sent
+        raise AssertionError
+
+    async def main() -> tuple[bool, bool]:
+        config = uvicorn.Config(app, log_level="warning")
+        config.load()
+        cls = protocol_class(ConnectionLimits(header_timeout=30, timeout=0.5, max_connections=8))
+        state = ServerState()
+        loop = asyncio.get_running_loop()
+        out = []
+        for resume in (False, True):
+            ours, theirs = socket.socketpair()
+            _, proto = await loop.connect_accepted_socket(lambda: cls(config=config, server_state=state,
+                                                                      app_state={}), ours)
+            proto.pause_writing()
+            for _ in range(4):
+                await asyncio.sleep(0.3)
+                if resume:  # a slow reader: the buffer drains now and then
+                    proto.resume_writing()
+                    proto.pause_writing()
+            out.append(proto.transport.is_closing())
+            theirs.close()
+            proto.transport.abort()
+        return out[0], out[1]
+
+    stalled_closed, slow_closed = asyncio.run(main())
+    assert stalled_closed and not slow_closed
