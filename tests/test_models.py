@@ -485,8 +485,10 @@ def test_a_corrupt_hub_cache_file_of_the_right_size_is_never_used(env, monkeypat
     assert "sha256 mismatch" in capsys.readouterr().err
     assert (corrupt.resolve().stat().st_size, corrupt.resolve().stat().st_mtime_ns) == before  # untouched
     rows = {row.name: row for row in models.list_models(header=False)}
-    assert rows["smollm2-135m"].path is None
-    assert "failed its sha256 check" in rows[f"{source.repo}:{entry.filename}"].description
+    assert rows["smollm2-135m"].path is None and all(row.path != corrupt for row in rows.values())
+    for spec in ("smollm2", str(corrupt), f"{source.repo}:{entry.filename}"):  # by fragment, path, hub name
+        with pytest.raises(UsageError):
+            models.resolve(spec)
     os.utime(corrupt.resolve(), ns=(before[1] + 10**9, before[1] + 10**9))  # rewritten: checked again
     with pytest.raises(ModelNotFound):
         models.resolve("smollm2-135m")

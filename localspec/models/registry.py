@@ -97,8 +97,12 @@ def resolve(
         if named:
             return check_gguf(named[0].path)
         return _resolve_hub(*hub, pull_if_missing=pull_if_missing, progress=progress)
-    found = _pick(spec, [(r.name, r.path) for r in list_models(header=False) if r.path is not None])
+    rows = [r for r in list_models(header=False) if r.path is not None]
+    found = _pick(spec, [(r.name, r.path) for r in rows])
     if found is not None:
+        row = next(r for r in rows if r.path == found)
+        if row.in_manifest:  # as by its name: checked before its first use
+            return _resolve_entry(manifest.models[row.name], pull_if_missing=False, progress=progress)
         return check_gguf(found)
     if _looks_like_path(spec):
         raise ModelNotFound(f"no such model file: {spec}")
@@ -151,9 +155,14 @@ def _pick(fragment: str, candidates: list[tuple[str, Path]]) -> Path | None:
 
 
 def check_gguf(path: Path) -> Path:
-    """The absolute path (symlinks kept: hub snapshots name the file) of a readable GGUF."""
+    """The absolute path (symlinks kept: hub snapshots name the file) of a readable GGUF
+    that is not a manifest model's file known to have failed its sha256 check."""
     if path.is_dir():
         raise UsageError(f"{path} is a directory, not a GGUF file")
+    entry = load_manifest().find(path.name)
+    if entry is not None and verdicts.verdict(path, entry.sha256) is False:
+        raise UsageError(f"{path} failed its sha256 check as {entry.name}; not used "
+                         f"(localspec pull {entry.name} fetches a good copy)")
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -341,12 +350,10 @@ def list_models(*, header: bool = True) -> list[ModelStatus]:
     seen = {os.path.realpath(row.path) for row in rows if row.path is not None}
     for item in _models_dir_files() + found:
         entry = manifest.find(item.path.name)
-        bad = entry is not None and verdicts.verdict(item.path, entry.sha256) is False
-        if os.path.realpath(item.path) in seen or (entry is not None and item.size == entry.size and not bad):
-            continue
+        if os.path.realpath(item.path) in seen or (entry is not None and item.size == entry.size):
+            continue  # the entry's file (or one that failed its sha256 check: never listed, never used)
         seen.add(os.path.realpath(item.path))
-        note = (f"not {entry.name}: " + ("failed its sha256 check, not used" if bad else "wrong size (partial?)")
-                if entry is not None else "")
+        note = f"not {entry.name}: wrong size (partial?)" if entry is not None else ""
         rows.append(ModelStatus(item.name, item.path.name, item.size, (), item.path, note, False,
                                 item.source, item.parts))  # fmt: skip
     return [_with_header(row) for row in rows] if header else rows
