@@ -31,8 +31,8 @@ def test_version_and_python_m():
 COMMAND_HELP = {
     "run": "--raw", "edit": "--instruction", "chat": "--session", "serve": "--parallel",
     "bench": "--vcurve", "tune": "Measure decode cost", "stats": "--since",
-    "models": "List known models", "pull": "--force", "doctor": "what this llama.cpp build",
-    "worker": "--cache",
+    "models": "List known models", "ls": "List known models", "pull": "--force",
+    "doctor": "what this llama.cpp build", "worker": "--cache",
 }
 
 
@@ -49,6 +49,57 @@ def test_top_level_help_lists_commands():
     assert proc.returncode == 0
     listed = proc.stdout.split("\nCommands:\n", 1)[1].splitlines()
     assert sorted(line.split()[0] for line in listed if line.strip()) == sorted(COMMAND_HELP)
+
+
+@pytest.fixture
+def no_llama_cpp(tmp_path):
+    """An environment in which `import llama_cpp` raises ImportError, as on a machine
+    where llama-cpp-python is missing or its build is broken."""
+    fake = tmp_path / "no_llama" / "llama_cpp"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        'raise ImportError("llama_cpp made unimportable by the test", name="llama_cpp")\n')
+    path = os.pathsep.join(p for p in (str(fake.parent), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path}
+
+
+def test_help_and_completion_without_llama_cpp(no_llama_cpp):
+    probe = subprocess.run([sys.executable, "-c", "import llama_cpp"], capture_output=True,
+                           env={**os.environ, **no_llama_cpp})
+    assert probe.returncode != 0  # the fixture does hide it
+    top = cli("--help", timeout=60, env=no_llama_cpp)
+    assert top.returncode == 0, top.stderr
+    assert "run " in top.stdout and "serve " in top.stdout
+    for command in ("run", "chat", "edit", "models", "stats", "pull"):
+        proc = cli(command, "--help", timeout=60, env=no_llama_cpp)
+        assert proc.returncode == 0, (command, proc.stderr)
+        assert proc.stdout.startswith(f"Usage: localspec {command} [OPTIONS]")
+    comp = cli(timeout=60, env={**no_llama_cpp, "_LOCALSPEC_COMPLETE": "bash_complete",
+                                "COMP_WORDS": "localspec se", "COMP_CWORD": "1"})
+    assert comp.returncode == 0 and comp.stdout.split() == ["plain,serve"], comp.stderr
+
+
+def test_commands_needing_llama_cpp_fail_in_one_line_without_it(no_llama_cpp):
+    for args in (("run", "-m", "smollm2-135m", "hi"), ("serve", "--help"), ("doctor",)):
+        proc = cli(*args, timeout=60, env=no_llama_cpp)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert "llama-cpp-python" in proc.stderr
+
+
+def test_model_completion_lists_what_models_lists(smol_path):
+    # smol_path: the file is on disk, so `localspec models` lists it by its manifest name
+    listed = json.loads(cli("models", "--json", timeout=60).stdout)
+    names = {row["name"] for row in listed}
+    assert "smollm2-135m" in names
+    env = {"_LOCALSPEC_COMPLETE": "bash_complete", "COMP_CWORD": "3"}
+    proc = cli(timeout=60, env={**env, "COMP_WORDS": "localspec run -m smol"})
+    assert proc.returncode == 0, proc.stderr
+    got = [line.split(",", 1)[1] for line in proc.stdout.split()]
+    assert "smollm2-135m" in got and all(g.startswith("smol") and g in names for g in got)
+    drafts = cli(timeout=60, env={**env, "COMP_WORDS": "localspec chat --draft "}).stdout.split()
+    values = [line.split(",", 1)[1] for line in drafts]
+    assert values[:2] == ["auto", "none"] and names <= set(values)
 
 
 def test_run_through_a_real_pipe(smol_path):

@@ -32,6 +32,28 @@ def _stack(*decorators: Callable) -> Callable:
     return apply
 
 
+def complete_models(ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
+    """Tab completion of -m/--draft: the NAME column of `localspec models` (downloaded
+    ones first), plus auto and none for --draft. Never fails: completion stays quiet."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        from localspec.models import list_models
+
+        rows = sorted(list_models(header=False), key=lambda r: r.path is None)
+    except Exception:  # a broken store must not print a traceback into the shell
+        rows = []
+    items, seen = [], set()
+    if param.name == "draft":
+        items += [CompletionItem("auto", help="the best compatible smaller model on disk"),
+                  CompletionItem("none", help="no draft model")]
+    for row in rows:
+        if row.name not in seen:
+            seen.add(row.name)
+            items.append(CompletionItem(row.name, help=row.description or row.source))
+    return [item for item in items if item.value.startswith(incomplete)]
+
+
 def model_options(default_draft: bool = False, auto_draft: bool = False) -> Callable:
     """-m, --draft and how to load them. `auto_draft`: --draft defaults to auto (run,
     chat); `default_draft`: the command uses the manifest's default draft (bench)."""
@@ -43,9 +65,10 @@ def model_options(default_draft: bool = False, auto_draft: bool = False) -> Call
         click.option("-m", "--model", envvar="LOCALSPEC_MODEL", default=None,
                      help="target model: path, manifest name, org/repo[:file.gguf], ollama:NAME:TAG, "
                           "lmstudio:PUBLISHER/REPO/FILE, or a part of a name `localspec models` lists "
-                          "[default: qwen2.5-coder-1.5b]"),
+                          "[default: qwen2.5-coder-1.5b]", shell_complete=complete_models),
         click.option("--draft", "-md", "--model-draft", "draft", envvar="LOCALSPEC_DRAFT",
-                     default="auto" if auto_draft else None, show_default=auto_draft, help=draft_help),
+                     default="auto" if auto_draft else None, show_default=auto_draft, help=draft_help,
+                     shell_complete=complete_models),
         click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=64), default=4096,
                      show_default=True, help="context size in tokens"),
         click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,

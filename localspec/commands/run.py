@@ -24,9 +24,8 @@ from localspec.commands.options import (
     spec_options,
 )
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
-from localspec.core.engine import Done, GenerationStats, Token, generate
 from localspec.core.errors import UsageError
-from localspec.core.runtime import chat_prompt, make_drafter, open_runtime
+from localspec.core.events import Done, GenerationStats, Token
 
 
 def read_prompt(args: tuple[str, ...]) -> str:
@@ -84,6 +83,10 @@ def run_generation(
     log: bool = True,
 ) -> GenerationStats | None:
     """Load, generate, stream to stdout. Ctrl-C stops and keeps what was printed."""
+    # imported here: they load llama.cpp, which `localspec run --help` must not need
+    from localspec.core.engine import generate
+    from localspec.core.runtime import chat_prompt, make_drafter, open_runtime
+
     with open_runtime(opts, want_draft=spec.mode in ("auto", "model", "hybrid")) as rt:
         target = rt.target
         prompt = target.tokenize(text) if raw else chat_prompt(target, text, system)

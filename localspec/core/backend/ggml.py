@@ -28,6 +28,10 @@ except ImportError as exc:  # pragma: no cover - install problem, reported once
     raise BackendError(
         "llama-cpp-python is not installed; run: pip install 'llama-cpp-python>=0.3.36,<0.3.37'"
     ) from exc
+except (OSError, RuntimeError) as exc:  # installed, but its shared library does not load
+    reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    raise BackendError(f"llama-cpp-python is installed but does not load: {reason}; reinstall it: "
+                       "pip install --force-reinstall 'llama-cpp-python>=0.3.36,<0.3.37'") from exc
 
 _log_verbose = False
 _log_lock = threading.Lock()
