@@ -28,7 +28,7 @@ from localspec.core.constrain import (
     constrained_argmax,
     constrained_probs,
 )
-from localspec.core.drafters.base import Draft, Drafter, constrain
+from localspec.core.drafters.base import Draft, Drafter, constrain, finished
 from localspec.core.errors import ContextFull
 from localspec.core.events import (
     Done,
@@ -314,6 +314,8 @@ class Generation:
         """The final event: stats (with the drafter's report) and any held-back text."""
         self.stats.decode_s = time.perf_counter() - self.t_first if self.t_first else 0.0
         self.stats.policy = self.drafter.report()
+        if self.stats.stop_reason != "cancelled":  # a memory keeps whole replies only
+            finished(self.drafter, self.tokens)
         self.drafter.end()
         return Done(self.stats, self.out.tail())
 

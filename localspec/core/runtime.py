@@ -16,6 +16,7 @@ from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter
+from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
 from localspec.models.drafts import draft_candidates
@@ -154,12 +155,15 @@ def make_drafter(
     *,
     seq: int = 0,
     batch: DraftBatch | None = None,
+    memory: Memory | None = None,
+    remember: bool = True,
 ) -> Drafter:
     """The drafter for `spec.mode`; `extra` is a second n-gram source (a file's tokens).
     `auto` uses the calibration profile of `target` (and the draft) when one exists,
     and stores the verify costs each generation measured into it. The model drafter
     drafts on the draft's sequence `seq`; with `batch` (the server's slots) its drafts
-    are made together with the other slots' when the batch runs."""
+    are made together with the other slots' when the batch runs. `memory` (auto only):
+    earlier outputs to draft from; `remember`: whether this output joins it."""
     if spec.mode == "none":
         return NoDrafter()
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra)
@@ -169,10 +173,20 @@ def make_drafter(
              if draft_model else None)
     if spec.mode == "auto":
         if target is None:
-            return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max))
+            recall = MemoryDrafter(memory, learn=remember) if memory is not None else None
+            return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max), memory=recall)
         setup = setup_of(target, draft_model)
-        return AutoDrafter(ngram, model, load_profile(setup, online=True), k_max=max(1, spec.draft_max),
-                           store=lambda measured, t1: store_online_later(setup, target.name, measured, t1))
+        profile = load_profile(setup, online=True)
+        recall = None
+        if memory is not None:
+            recall = MemoryDrafter(memory, learn=remember,
+                                   model=MemoryModel(profile.memory_accept if profile else None))
+
+        def store(measured: dict[int, tuple[float, int]], t1: float) -> None:
+            store_online_later(setup, target.name, measured, t1,
+                               memory=recall.model.to_dict() if recall is not None else None)
+
+        return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max), store=store, memory=recall)
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")
     return model if spec.mode == "model" else HybridDrafter(ngram, model)

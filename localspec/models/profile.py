@@ -44,6 +44,9 @@ class Profile:
     # flash attention as tune measured it faster at a long context ("on"/"off"), or None:
     # llama.cpp's own choice. Runs with -fa auto (the default) use it
     flash_attn: str | None = None
+    # what `--spec auto` learned of memory drafts' acceptance (drafters/memory.py's
+    # MemoryModel counts by match length and support): a property of the target and traffic
+    memory_accept: dict = field(default_factory=dict)
 
     @property
     def c(self) -> float | None:
@@ -140,11 +143,13 @@ def merge_online(online: dict[str, list[float]], measured: dict[int, tuple[float
 
 
 def store_online(setup: Setup, target_name: str, measured: dict[int, tuple[float, int]],
-                 t_token_s: float, folder: Path | None = None) -> None:
+                 t_token_s: float, folder: Path | None = None, memory: dict | None = None) -> None:
     """Merge what a generation measured into this setup's stored profiles (the pair's
-    and the target's; a target-only one is created when neither exists yet). Never
-    raises on a full or read-only disk: a run must not fail over bookkeeping."""
-    if not measured:
+    and the target's; a target-only one is created when neither exists yet); `memory`:
+    the memory drafts' acceptance counts, which replace the stored ones (they started
+    from them). Never raises on a full or read-only disk: a run must not fail over
+    bookkeeping."""
+    if not measured and not memory:
         return
     keys = dict.fromkeys((setup.key, setup.alone().key))
     stored = [p for k in keys if (p := _read(k, folder)) is not None]
@@ -154,7 +159,8 @@ def store_online(setup: Setup, target_name: str, measured: dict[int, tuple[float
                           t_token_s=t_token_s, vcurve=[], prefill_tok_s=0.0)]
     for p in stored:
         try:
-            save_profile(replace(p, online=merge_online(p.online, measured)), folder)
+            save_profile(replace(p, online=merge_online(p.online, measured),
+                                 memory_accept=memory or p.memory_accept), folder)
         except OSError:
             pass
 
@@ -163,12 +169,13 @@ _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-profil
 
 
 def store_online_later(setup: Setup, target_name: str, measured: dict[int, tuple[float, int]],
-                       t_token_s: float) -> Future:
+                       t_token_s: float, memory: dict | None = None) -> Future:
     """`store_online` off the caller's thread: the server's scheduler (which ends every
     request's generation) must not wait on the disk. One writer, so two stores of one
     profile never interleave; the folder is fixed now (not when the write runs), and
     writes still pending when the process exits are finished first."""
-    return _writer.submit(store_online, setup, target_name, dict(measured), t_token_s, _profiles_dir())
+    return _writer.submit(store_online, setup, target_name, dict(measured), t_token_s, _profiles_dir(),
+                          memory)
 
 
 def vcurve_sizes(n_max: int) -> list[int]:

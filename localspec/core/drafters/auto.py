@@ -31,7 +31,9 @@ hindsight from every candidate, drafted or not); the draft model's from its own 
 a draft that stops short of its plan counts as ending there, and a plan reaches at most
 twice the longest run it has had accepted: positions never reached are guesses); c is
 its cost ratio, and a plan of k is charged the share of V(k + 1) + k c that plans of k
-have spent (`SpentShare`: the draft model stops where it is unsure).
+have spent (`SpentShare`: the draft model stops where it is unsure). Memory drafts
+(memory.py: earlier outputs) carry their match length and support; their acceptance is
+the memory model's, learned in hindsight like the n-gram's, and they cost no draft time.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import numpy as np
 
 from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
 from localspec.core.drafters.costs import CostModel, best_k, grid_sizes
+from localspec.core.drafters.memory import MemoryDrafter
 from localspec.core.drafters.runs import RunModel
 from localspec.models.profile import Profile
 
@@ -135,15 +138,18 @@ def expected_tokens(rates: Sequence[float]) -> float:
 
 
 class AutoDrafter(DrafterBase):
-    """Chooses between n-gram, the draft model (when loaded) and no draft, each round."""
+    """Chooses between n-gram, the memory (when given), the draft model (when loaded)
+    and no draft, each round."""
 
     name = "auto"
 
     def __init__(self, ngram: Drafter, model: Drafter | None, profile: Profile | None,
                  k_max: int = 32, learn_costs: bool = True,
-                 store: Callable[[dict[int, tuple[float, int]], float], None] | None = None) -> None:
+                 store: Callable[[dict[int, tuple[float, int]], float], None] | None = None,
+                 memory: MemoryDrafter | None = None) -> None:
         self.ngram = ngram
         self.model = model
+        self.memory = memory  # earlier outputs and the context by frequency (memory.py)
         self.k_max = k_max
         self.cost = CostModel(profile, k_max, learn=learn_costs)
         self.sizes = grid_sizes(k_max + 1)
@@ -173,6 +179,12 @@ class AutoDrafter(DrafterBase):
         self.ngram.begin(prompt)
         if self.model is not None:
             self.model.begin(prompt)
+        if self.memory is not None:
+            self.memory.begin(prompt)
+
+    def finished(self, tokens: Sequence[int]) -> None:
+        if self.memory is not None:
+            self.memory.finished(tokens)
 
     def constrain(self, grammar: object | None) -> None:
         constrain(self.ngram, grammar)
@@ -194,6 +206,11 @@ class AutoDrafter(DrafterBase):
             kk, exp, rate = self.choose(self.runs.rates(age, len(found.tokens)), 0.0)
             if kk and rate >= best_rate:
                 plan, best_rate = ("ngram", kk, exp, False), rate
+        recalled = self.memory.draft(context, k) if self.memory is not None else None
+        if recalled is not None and recalled.tokens:  # weighed by its learned acceptance
+            kk, exp, rate = self.choose(self.memory.rates(recalled), 0.0)
+            if kk and rate > best_rate:
+                plan, best_rate = ("memory", kk, exp, False), rate
         if self.model is not None and self._model_could_pay(k):
             kk, exp, rate = self.choose(self.model_acc.rates(min(k, MODEL_K_MAX, self._model_reach)), self.cost.c(),
                                         self.model_spent)
@@ -211,6 +228,9 @@ class AutoDrafter(DrafterBase):
         if source == "ngram":
             return Draft(tokens=found.tokens[:kk], source="ngram", match_len=found.match_len,
                          run_len=found.run_len)
+        if source == "memory":
+            return Draft(tokens=recalled.tokens[:kk], source="memory", match_len=recalled.match_len,
+                         support=recalled.support[:kk])
         if source == "model":
             d = self.model.draft(context, kk)
             d.source = "model"

@@ -20,6 +20,7 @@ class Draft:
     match_len: int = 0  # n-gram drafts: length of the matched suffix
     batch_s: float = 0.0  # time of the batched draft decodes shared with other sequences (serve)
     run_len: int = 0  # n-gram drafts: tokens before the draft that agree with its source
+    support: list[int] = field(default_factory=list)  # memory drafts: occurrences agreeing on each token
 
 
 class Drafter(Protocol):
@@ -44,6 +45,8 @@ class Drafter(Protocol):
         """The generation is over: keep what it taught (the auto policy stores the verify
         costs it measured). Called once, after `report`."""
 
+    # optional: finished(tokens) -> None. The generation's whole context at its end
+    # (prompt + output), before `end` (a memory drafter remembers the output).
     # optional: constrain(grammar) -> None. The generation's output grammar (None: free
     # text), given at its start; at every draft() call it is in its state after `context`.
     # A drafter that drafts within it (ModelDrafter) clones it and never advances it.
@@ -54,6 +57,13 @@ def constrain(drafter: Drafter, grammar: object | None) -> None:
     hook = getattr(drafter, "constrain", None)
     if hook is not None:
         hook(grammar)
+
+
+def finished(drafter: Drafter, tokens: Sequence[int]) -> None:
+    """Hand `drafter` the generation's final context, if it takes it (optional)."""
+    hook = getattr(drafter, "finished", None)
+    if hook is not None:
+        hook(tokens)
 
 
 class DrafterBase:

@@ -1,0 +1,233 @@
+"""Drafting from memory: what this machine wrote before (and any corpus given with
+`--lookup`), beside the current context, drafting the most frequent continuation of the
+longest match (suffix.py).
+
+`Memory` holds one user's earlier texts on one vocabulary, bounded in tokens (the oldest
+dropped first), plus static corpora that are never dropped. `MemoryDrafter` drafts from
+a Memory and from the generation's own context, and says how sure it is: each drafted
+token carries the length of the match it continues and how many earlier occurrences
+agreed on it. `MemoryModel` turns those into acceptance rates, learned in hindsight from
+every candidate (drafted or not) as runs.py does for n-grams, so `auto` weighs a memory
+draft like any other; its counts are kept in the profile. At the end of a generation
+its output joins the Memory (`finished`), unless the memory is read-only for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from localspec.core.drafters.base import Draft, DrafterBase
+from localspec.core.drafters.suffix import SEP, SuffixIndex, longest_match, most_frequent
+
+MAX_TOKENS = 1 << 20  # a memory's default bound (texts and separators)
+KEEP = 0.75  # share of the bound kept when the oldest texts are dropped (drops are rare)
+MIN_SHARE = 0.3  # a continuation fewer of the followed occurrences agree on ends the draft
+
+LEN_EDGES = (2, 4, 8, 16, 32, 64)  # match length (the matched n-gram plus the draft so far)
+COUNT_EDGES = (1, 2, 3, 5, 9)  # occurrences that continued with the drafted token
+# prior acceptance by match length, and the share of its misses left at each count: a
+# little below what a repeating session shows, since evidence lifts a low prior in a few
+# rounds while a high one costs failed verifies
+PRIOR_LEN = (0.25, 0.4, 0.55, 0.7, 0.8, 0.9)
+PRIOR_MISS = (1.0, 0.85, 0.7, 0.55, 0.45)
+DECAY = 0.97  # per candidate reaching a bin: the last few dozen decide
+SMOOTH = 2.0  # pseudo-tokens of the prior in each bin
+N_BINS = len(LEN_EDGES) * len(COUNT_EDGES)
+
+
+def _prior() -> np.ndarray:
+    miss = (1.0 - np.asarray(PRIOR_LEN))[:, None] * np.asarray(PRIOR_MISS)[None, :]
+    return (1.0 - miss).ravel()
+
+
+class Memory:
+    """Earlier texts of one user (token ids of one vocabulary), newest kept within
+    `max_tokens`, and static corpora (never dropped)."""
+
+    def __init__(self, max_tokens: int = MAX_TOKENS, corpora: Sequence[Sequence[int]] = ()) -> None:
+        self.max_tokens = max_tokens
+        self.texts = SuffixIndex()
+        self.static = SuffixIndex()
+        for text in corpora:
+            self.static.add_text(text)
+        self.added = 0  # texts added since this memory was made
+
+    def add(self, text: Sequence[int]) -> None:
+        """Remember a text; drop the oldest ones once past the bound."""
+        if not len(text):
+            return
+        self.texts.add_text(text[-self.max_tokens + 1 :] if len(text) >= self.max_tokens else text)
+        self.added += 1
+        if len(self.texts) > self.max_tokens:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        """Keep the newest texts within KEEP of the bound (whole texts: cut after a SEP)."""
+        tokens = self.texts.tokens
+        cut = len(tokens) - int(KEEP * self.max_tokens)
+        seps = np.flatnonzero(tokens[cut:] == SEP)
+        start = cut + int(seps[0]) + 1 if len(seps) else len(tokens)
+        kept = SuffixIndex()
+        kept.extend(tokens[start:].copy())
+        self.texts = kept
+
+    def indexes(self) -> list[SuffixIndex]:
+        """What a draft is looked up in, oldest evidence first."""
+        return [ix for ix in (self.static, self.texts) if len(ix)]
+
+    def __len__(self) -> int:
+        return len(self.texts) + len(self.static)
+
+
+class _Track:
+    __slots__ = ("pos", "tokens", "bins", "done")
+
+    def __init__(self, pos: int, tokens: list[int], bins: np.ndarray) -> None:
+        self.pos, self.tokens, self.bins, self.done = pos, tokens, bins, 0
+
+
+class MemoryModel:
+    """Acceptance of a memory draft's tokens by (match length, support) bin, learned in
+    hindsight: every candidate is followed against the tokens the target goes on to
+    produce until it breaks (for greedy decoding what verifying it would accept)."""
+
+    def __init__(self, stored: dict | None = None) -> None:
+        self.reached = np.zeros(N_BINS)
+        self.accepted = np.zeros(N_BINS)
+        if stored:
+            try:
+                reached = np.asarray(stored["reached"], dtype=float)
+                accepted = np.asarray(stored["accepted"], dtype=float)
+                if reached.shape == accepted.shape == (N_BINS,):
+                    self.reached, self.accepted = reached, np.minimum(accepted, reached)
+            except (KeyError, TypeError, ValueError):
+                pass  # a profile from another layout: start from the prior
+        self.prior = _prior()
+        self.tracks: list[_Track] = []
+        self.seen = 0
+
+    @staticmethod
+    def bins(match_len: int, support: Sequence[int]) -> np.ndarray:
+        """Each drafted token's bin: the match it continues (match_len + its position)
+        and how many occurrences agreed on it."""
+        lengths = match_len + np.arange(len(support))
+        lb = np.searchsorted(LEN_EDGES, lengths, side="right") - 1
+        cb = np.searchsorted(COUNT_EDGES, np.asarray(support), side="right") - 1
+        return np.clip(lb, 0, None) * len(COUNT_EDGES) + np.clip(cb, 0, None)
+
+    def rates(self, bins: np.ndarray) -> np.ndarray:
+        """Acceptance of each drafted token, given the ones before it."""
+        est = (self.accepted + SMOOTH * self.prior) / (self.reached + SMOOTH)
+        return est[bins]
+
+    def reset(self, n_context: int) -> None:
+        self.tracks, self.seen = [], n_context
+
+    def offer(self, pos: int, tokens: list[int], bins: np.ndarray) -> None:
+        """A candidate for context position `pos` onwards, drafted or not; one that
+        continues a candidate followed since earlier is not counted twice."""
+        for t in self.tracks:
+            off = pos - t.pos
+            if 0 <= off <= t.done and t.tokens[off:off + len(tokens)] == tokens[: len(t.tokens) - off]:
+                return
+        self.tracks.append(_Track(pos, list(tokens), bins))
+
+    def settle(self, context: Sequence[int]) -> None:
+        """Score the followed candidates against the tokens produced since last time."""
+        n = len(context)
+        if n <= self.seen:
+            self.seen = n
+            return
+        keep = []
+        for t in self.tracks:
+            for p in range(max(self.seen, t.pos + t.done), min(n, t.pos + len(t.tokens))):
+                i = p - t.pos
+                b = t.bins[i]
+                if i == 0 or b != t.bins[i - 1]:  # a candidate enters this bin: older ones weigh less
+                    self.reached[b] *= DECAY
+                    self.accepted[b] *= DECAY
+                hit = context[p] == t.tokens[i]
+                self.reached[b] += 1.0
+                self.accepted[b] += hit
+                if not hit:
+                    break
+                t.done += 1
+            else:
+                if t.done < len(t.tokens):
+                    keep.append(t)
+        self.tracks = keep
+        self.seen = n
+
+    def to_dict(self) -> dict:
+        """The counts, for the profile."""
+        return {"reached": [round(float(x), 3) for x in self.reached],
+                "accepted": [round(float(x), 3) for x in self.accepted]}
+
+
+class MemoryDrafter(DrafterBase):
+    """Most frequent continuation of the longest match in the memory and the context.
+
+    `memory`: earlier texts (None: the context alone); `learn`: whether this
+    generation's output joins the memory at its end. `rates(draft)` is how sure it is,
+    learned by `model` (shared by the generations of one process when given)."""
+
+    name = "memory"
+
+    def __init__(self, memory: Memory | None, *, learn: bool = True, model: MemoryModel | None = None,
+                 on_finish: Callable[[Sequence[int]], None] | None = None) -> None:
+        self.memory = memory
+        self.learn = learn
+        self.model = model if model is not None else MemoryModel()
+        self.on_finish = on_finish  # where a finished output goes (default: memory.add)
+        self.ctx = SuffixIndex()
+        self.prompt_len = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.ctx = SuffixIndex()
+        self.ctx.extend(prompt)
+        self.prompt_len = len(prompt)
+        self.model.reset(len(prompt))
+
+    def _sync(self, context: Sequence[int]) -> None:
+        n = len(self.ctx)
+        if n > len(context) or (n and context[n - 1] != self.ctx.tokens[n - 1]):
+            self.ctx = SuffixIndex()  # rewound or replaced: index it again
+            self.ctx.extend(context)
+        elif n < len(context):
+            self.ctx.extend(context[n:])
+
+    def draft(self, context: Sequence[int], k: int) -> Draft:
+        self._sync(context)
+        self.model.settle(context)
+        if k <= 0:
+            return Draft(source=self.name)
+        sources = [*(self.memory.indexes() if self.memory is not None else ()), self.ctx]
+        n, found = longest_match(sources, context)
+        if not n:
+            return Draft(source=self.name)
+        rows = [ix.following(pos, k) for ix, pos in zip(sources, found) if len(pos)]
+        tokens, support = most_frequent(np.concatenate(rows) if len(rows) > 1 else rows[0], k, MIN_SHARE)
+        if not tokens:
+            return Draft(source=self.name)
+        draft = Draft(tokens=tokens, source=self.name, match_len=n, support=support)
+        self.model.offer(len(context), tokens, MemoryModel.bins(n, support))
+        return draft
+
+    def rates(self, draft: Draft) -> np.ndarray:
+        """Acceptance of each of the draft's tokens, given the ones before."""
+        return self.model.rates(MemoryModel.bins(draft.match_len, draft.support))
+
+    def finished(self, tokens: Sequence[int]) -> None:
+        """The generation ended with context `tokens`: its output joins the memory."""
+        if not self.learn or self.memory is None:
+            return
+        output = list(tokens[self.prompt_len :])
+        if self.on_finish is not None:
+            self.on_finish(output)
+        else:
+            self.memory.add(output)
+
+    def report(self) -> dict:
+        return {}
