@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "edit": ("edit", "Rewrite FILE as the instruction says; show the diff, then write it."),
     "chat": ("chat", "Chat with a local model; see speculation at work."),
     "serve": ("serve", "OpenAI-compatible server with continuous batching and speculation."),
+    "ps": ("ps", "Running `localspec serve` servers: address, model, slots, speed."),
     "bench": ("bench", "Benchmark speculative decoding here: tok/s, speedup, acceptance."),
     "tune": ("tune", "Measure V(n) and drafter costs here; store the calibration profile."),
     "stats": ("stats", "Acceptance and speed per target, draft, drafter and workload tag."),

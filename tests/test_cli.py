@@ -32,7 +32,7 @@ COMMAND_HELP = {
     "run": "--raw", "edit": "--instruction", "chat": "--session", "serve": "--parallel",
     "bench": "--vcurve", "tune": "Measure decode cost", "stats": "--since",
     "models": "List known models", "ls": "List known models", "pull": "--force",
-    "doctor": "what this llama.cpp build", "worker": "--cache",
+    "doctor": "what this llama.cpp build", "worker": "--cache", "ps": "--timeout",
 }
 
 

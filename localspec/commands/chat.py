@@ -27,7 +27,7 @@ from localspec.commands.options import (
 @spec_options
 @sampling_options
 @gen_options(default_max=512)
-@click.option("--system", default=None, help="system message")
+@click.option("-sys", "--system", "--system-prompt", "system", default=None, help="system message")
 @click.option("--session", "session_file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="resume from FILE if it exists, and save each turn to it "
                                  "(.md: markdown, else JSON)")

@@ -54,6 +54,40 @@ def complete_models(ctx: click.Context, param: click.Parameter, incomplete: str)
     return [item for item in items if item.value.startswith(incomplete)]
 
 
+def _draft_model(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # llama.cpp's `--draft N` was the draft length: a number here would be read as a name
+    # fragment and could load some *-f16.gguf
+    if value is not None and value.strip().isdigit():
+        raise click.BadParameter(
+            f"{value} is a number, and --draft takes a draft model here (path or name); "
+            f"for the most tokens drafted per round (llama.cpp's --draft N) use --draft-max {value}")
+    return value
+
+
+def _ctx_size(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if 0 < value < 64:
+        raise click.BadParameter(f"{value}: at least 64 tokens, or 0 for the model's own context")
+    return value
+
+
+class GpuLayers(click.ParamType):
+    """-ngl: a number of layers, or llama.cpp's `all` / `auto` (both -1 here: every layer
+    when the build can offload; localspec does not fit layers to free memory)."""
+
+    name = "N|all|auto"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text in ("all", "auto"):
+            return -1
+        try:
+            return int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of layers, 'all' or 'auto'", param, ctx)
+
+
 def model_options(default_draft: bool = False, auto_draft: bool = False) -> Callable:
     """-m, --draft and how to load them. `auto_draft`: --draft defaults to auto (run,
     chat); `default_draft`: the command uses the manifest's default draft (bench)."""
@@ -68,15 +102,17 @@ def model_options(default_draft: bool = False, auto_draft: bool = False) -> Call
                           "[default: qwen2.5-coder-1.5b]", shell_complete=complete_models),
         click.option("--draft", "-md", "--model-draft", "draft", envvar="LOCALSPEC_DRAFT",
                      default="auto" if auto_draft else None, show_default=auto_draft, help=draft_help,
-                     shell_complete=complete_models),
-        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=64), default=4096,
-                     show_default=True, help="context size in tokens"),
+                     shell_complete=complete_models, callback=_draft_model),
+        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=0), default=4096,
+                     show_default=True, callback=_ctx_size,
+                     help="context size in tokens; 0: the model's own (trained) context"),
         click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads [default: all cores available]"),
-        click.option("-ngl", "--n-gpu-layers", "--gpu-layers", "n_gpu_layers", type=int, default=-1,
-                     help="target layers on the GPU (-1: all when the build can offload)"),
+        click.option("-ngl", "--n-gpu-layers", "--gpu-layers", "n_gpu_layers", type=GpuLayers(),
+                     default=-1, help="target layers on the GPU (-1, all or auto: all when the "
+                                      "build can offload)"),
         click.option("-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "n_gpu_layers_draft",
-                     type=int, default=-1, help="draft model layers on the GPU (-1: all)"),
+                     type=GpuLayers(), default=-1, help="draft model layers on the GPU (-1, all or auto: all)"),
         click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["on", "off", "auto"]),
                      default="auto", show_default=True,
                      help="flash attention for the target; auto: what `localspec tune` measured "
@@ -125,14 +161,78 @@ def rpc_options() -> tuple[Callable, ...]:
     )
 
 
+# llama.cpp's --spec-type names -> ours, where they are the same drafter
+SPEC_TYPES = {"none": "none", "ngram-simple": "ngram", "ngram-map-k": "ngram",
+              "draft": "model", "draft-simple": "model"}
+# llama.cpp's other kinds, which localspec does not have
+SPEC_TYPES_MISSING = ("ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-eagle3", "eagle3",
+                      "draft-mtp", "draft-mtp-adaptive", "draft-dflash", "draft-dspark")
+
+
+def spec_mode_of_types(value: str) -> str:
+    """llama.cpp's --spec-type list (comma-separated) -> our --spec mode: n-gram lookup and
+    a draft model together are `hybrid`. UsageError for a kind localspec lacks."""
+    names = [n.strip().lower() for n in value.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--spec-type: give one or more of " + ", ".join(SPEC_TYPES))
+    for name in names:
+        if name in SPEC_TYPES_MISSING:
+            raise UsageError(
+                f"--spec-type {name}: localspec has no such drafter; it has ngram-simple "
+                "(= --spec ngram), draft-simple (= --spec model, with -md), both (--spec hybrid), "
+                "and --spec auto, which picks between them each round")
+        if name not in SPEC_TYPES:
+            raise UsageError(f"--spec-type {name}: unknown; llama.cpp's names are "
+                             + ", ".join([*SPEC_TYPES, *SPEC_TYPES_MISSING]))
+    kinds = {SPEC_TYPES[n] for n in names} - {"none"}
+    if not kinds:
+        return "none"
+    return "hybrid" if len(kinds) > 1 else kinds.pop()
+
+
+def _spec_type(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is None:
+        return
+    try:
+        mode = spec_mode_of_types(value)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--spec-type ")) from None
+    ctx.meta["localspec.spec_type"] = (value, mode)
+    if "spec" in ctx.params:  # --spec came first on the command line: reconcile now
+        ctx.params["spec"] = _reconcile_spec(ctx, ctx.params["spec"])
+
+
+def _spec_mode(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    return _reconcile_spec(ctx, value)
+
+
+def _reconcile_spec(ctx: click.Context, spec: str | None) -> str | None:
+    """--spec and --spec-type name the same thing: a --spec-type wins over --spec's default
+    or environment value, and an explicit --spec that says otherwise is an error."""
+    given = ctx.meta.get("localspec.spec_type")
+    if given is None:
+        return spec
+    value, mode = given
+    explicit = ctx.get_parameter_source("spec") == click.core.ParameterSource.COMMANDLINE
+    if explicit and spec != mode:
+        raise click.UsageError(f"--spec {spec} and --spec-type {value} (= --spec {mode}) disagree: give one")
+    # given on the command line, as far as commands with their own --spec default know
+    ctx.set_parameter_source("spec", click.core.ParameterSource.COMMANDLINE)
+    return mode
+
+
 def spec_options(f: Callable) -> Callable:
     return _stack(
         click.option("--spec", type=click.Choice(SPEC_MODES), default="auto", show_default=True,
-                     envvar="LOCALSPEC_SPEC",
+                     envvar="LOCALSPEC_SPEC", callback=_spec_mode,
                      help="drafting: auto (picks drafter and k each round from measured costs and "
                           "acceptance), none, ngram (prompt lookup), model, hybrid (n-gram, else "
                           "the model)"),
-        click.option("--draft-max", "--spec-draft-n-max", "draft_max", type=click.IntRange(0, 256),
+        click.option("--spec-type", metavar="TYPE[,TYPE]", default=None, expose_value=False,
+                     callback=_spec_type,
+                     help="llama.cpp's names for --spec: ngram-simple or ngram-map-k (= ngram), "
+                          "draft-simple (= model), both (= hybrid), none"),
+        click.option("--draft-max", "--draft-n", "--spec-draft-n-max", "draft_max", type=click.IntRange(0, 256),
                      default=None, help="most tokens drafted per round [default: 32 for auto, else 16]"),
         click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=click.IntRange(0, 256),
                      default=0, show_default=True, help="drafts shorter than this are not verified"),

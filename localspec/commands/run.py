@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from localspec.acceptance.logdb import log_generation
 from localspec.commands.options import (
@@ -28,9 +30,15 @@ from localspec.core.errors import UsageError
 from localspec.core.events import Done, GenerationStats, Token
 
 
-def read_prompt(args: tuple[str, ...]) -> str:
-    """Arguments first, then stdin (when it is not a terminal) as context after them."""
-    parts = [" ".join(args)] if args else []
+def read_prompt(args: tuple[str, ...], prompt: str | None = None, file: str | None = None) -> str:
+    """The prompt (the arguments, -p TEXT or -f FILE: one of them), then stdin (when it
+    is not a terminal) as context after it."""
+    given = [name for name, v in (("PROMPT", args), ("-p", prompt), ("-f", file)) if v]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both give the prompt: give one")
+    if file is not None:
+        prompt = _read_prompt_file(file)
+    parts = [prompt] if prompt else [" ".join(args)] if args else []
     if not sys.stdin.isatty():
         piped = sys.stdin.read()
         if piped.strip():
@@ -39,6 +47,41 @@ def read_prompt(args: tuple[str, ...]) -> str:
     if not text.strip():
         raise UsageError("no prompt: give one as an argument or on stdin")
     return text
+
+
+def _read_prompt_file(path: str) -> str:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"-f: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    return text.removesuffix("\n")  # as llama.cpp's -f: the file's last newline is not prompt
+
+
+def models_named_first(args: tuple[str, ...]) -> list[str]:
+    """The names `localspec models` lists for the prompt's first word, when that word
+    looks like a model name (Ollama's `run MODEL PROMPT` habit): the word itself for a
+    file or store name, else the listed names it is or begins (exact and downloaded
+    first); empty when it does not look like one."""
+    if len(args) < 2:
+        return []
+    word = args[0].strip()
+    if len(word) < 4 or any(c.isspace() for c in word):
+        return []
+    if word.lower().endswith(".gguf") or word.split(":", 1)[0] in ("ollama", "lmstudio", "llama.cpp"):
+        return [word]
+    if not any(c.isdigit() or c in "-.:/_" for c in word):
+        return []  # a plain word ("explain", "write") is a prompt, even if a name contains it
+    from localspec.models import list_models
+
+    key = word.lower()
+    hits = []
+    for row in list_models(header=False):
+        name = row.name.lower()
+        if name == key or row.filename.lower().removesuffix(".gguf") == key:
+            hits.append((0, row.path is None, row.name))
+        elif name.startswith((key + "-", key + ":")):
+            hits.append((1, row.path is None, row.name))
+    return list(dict.fromkeys(name for *_, name in sorted(hits)))
 
 
 def stats_line(stats: GenerationStats) -> str:
@@ -138,7 +181,12 @@ def run_generation(
 @sampling_options
 @gen_options()
 @grammar_options
-@click.option("--system", default=None, help="system message for the chat template")
+@click.option("-p", "--prompt", "prompt_text", default=None, metavar="TEXT",
+              help="the prompt, as llama.cpp's -p (instead of PROMPT arguments)")
+@click.option("-f", "--file", "prompt_file", default=None, metavar="FILE",
+              help="read the prompt from FILE ('-': stdin), as llama.cpp's -f")
+@click.option("-sys", "--system", "--system-prompt", "system", default=None,
+              help="system message for the chat template")
 @click.option("--raw", is_flag=True, help="send the text as is, without the chat template")
 @click.option("--stats", "stats_format", type=click.Choice(["text", "json", "policy"]),
               default="text", show_default=True,
@@ -147,19 +195,28 @@ def run_generation(
 @click.option("-q", "--quiet", is_flag=True, help="print no stats")
 @log_options
 @click.pass_context
-def run(ctx: click.Context, prompt: tuple[str, ...], system: str | None, raw: bool,
-        stats_format: str, quiet: bool, tag: str | None, no_log: bool, **kw) -> None:
+def run(ctx: click.Context, prompt: tuple[str, ...], prompt_text: str | None, prompt_file: str | None,
+        system: str | None, raw: bool, stats_format: str, quiet: bool, tag: str | None, no_log: bool,
+        **kw) -> None:
     """Generate a reply to PROMPT; text piped on stdin is appended as context.
 
     \b
       git diff | localspec run "write a commit message"
       localspec run --raw "def fib(n):" -n 64
+      localspec run -m qwen2.5-coder-0.5b -f question.txt
       localspec run --json-schema person.json "Alice, 30, likes chess"
     """
+    if ctx.get_parameter_source("model") == ParameterSource.DEFAULT:
+        named = models_named_first(prompt)
+        if named:
+            which = "" if named == [prompt[0]] else f" ({', '.join(named)})"
+            raise UsageError(f"'{prompt[0]}' names a model{which} but would be sent as the start of "
+                             f"the prompt; choose the model with -m: localspec run -m {named[0]} "
+                             f"\"{' '.join(prompt[1:])}\" (to send it as text: -p \"{' '.join(prompt)}\")")
     opts = load_options(kw, ctx.obj["verbose"])
     spec = spec_config(kw, has_draft=bool(opts.draft and opts.draft.lower() != "none"))
     gen = replace(gen_config(kw), grammar=grammar_text(kw))
-    text = read_prompt(prompt)
+    text = read_prompt(prompt, prompt_text, prompt_file)
     run_generation(
         opts, spec, sampling_config(kw), gen, text,
         system=system, raw=raw, stats_format=None if quiet else stats_format,

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+import time
+from dataclasses import replace
+from pathlib import Path
 
 import click
 import uvicorn
 
+from localspec import servers
 from localspec.commands.options import (
     load_options,
     model_options,
@@ -36,6 +41,7 @@ from localspec.serve.policy import (
     spec_threshold,
 )
 from localspec.serve.scheduler import Scheduler, SchedulerConfig
+from localspec.servers import ServerRecord
 
 log = logging.getLogger("localspec.serve")
 
@@ -88,13 +94,17 @@ log = logging.getLogger("localspec.serve")
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="let web pages of ORIGIN (e.g. http://localhost:3000; '*' any) read replies (CORS; "
                    "repeatable). Without it no page of another origin can read them")
+@click.option("--cache-reuse", "cache_reuse", type=click.IntRange(min=0), default=0, metavar="N",
+              help="accepted for llama-server command lines: localspec reuses the longest start of a "
+                   "prompt that a free slot holds, not chunks moved by KV shifting")
 @click.option("--no-log", is_flag=True, help="do not write requests to the acceptance log")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: int | None,
           spec_disable: int | None, api_key: str | None, max_tokens: int, max_tokens_limit: int,
           max_body_bytes: int, max_messages: int, prefill_chunk: int, alias: str | None,
           shutdown_timeout: float, header_timeout: float, timeout: float, max_connections: int,
-          allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...], no_log: bool, **kw) -> None:
+          allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...], cache_reuse: int, no_log: bool,
+          **kw) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics. Requests are batched together; speculation (n-gram drafting)
     yields under load.
@@ -151,7 +161,10 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         limits = ConnectionLimits(header_timeout, timeout, max_connections)
         config = uvicorn_config(app, host, port, limits, lifespan="on", access_log=verbose,
                                 log_level="info" if verbose else "warning")
-        _Server.run_draining(config, Drain(scheduler, shutdown_timeout))
+        record = ServerRecord(pid=os.getpid(), host=host, port=port, model=settings.model_id,
+                              model_path=str(target.path), slots=parallel, n_ctx_seq=target.n_ctx_seq,
+                              draft=draft.name if draft else None, started=time.time())
+        _Server.run_draining(config, Drain(scheduler, shutdown_timeout), record)
     click.echo("localspec serve: stopped", err=True)
 
 
@@ -174,18 +187,32 @@ class _Server(uvicorn.Server):
     uvicorn re-raises a captured SIGTERM after its graceful shutdown, which kills
     the process before the model is freed; a SIGTERM'd server exits 0 here instead."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, record: ServerRecord | None = None) -> None:
         super().__init__(config)
         self.drain = drain
+        self.record = record
+        self.record_path: Path | None = None
 
     @classmethod
-    def run_draining(cls, config: uvicorn.Config, drain: Drain) -> None:
+    def run_draining(cls, config: uvicorn.Config, drain: Drain, record: ServerRecord | None = None) -> None:
         # uvicorn's own timeout is the backstop: the drain ends every request before it
         config.timeout_graceful_shutdown = drain.grace_s + 5
+        server = cls(config, drain, record)
         try:
-            cls(config, drain).run()
+            server.run()
         finally:
             drain.cancel()
+            if server.record_path is not None:
+                servers.unregister(server.record_path)
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.record is not None:  # listening: `localspec ps` may list it
+            port = self.servers[0].sockets[0].getsockname()[1] if self.servers else self.record.port
+            try:
+                self.record_path = servers.register(replace(self.record, port=port))
+            except OSError as exc:
+                log.warning(f"cannot record this server for `localspec ps`: {exc}")
 
     def handle_exit(self, sig: int, frame: object) -> None:
         self.drain.begin()

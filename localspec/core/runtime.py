@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localspec import models
@@ -20,7 +20,7 @@ from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
 from localspec.models.drafts import draft_candidates
-from localspec.models.gguf_info import GGUFError
+from localspec.models.gguf_info import GGUFError, read_info
 from localspec.models.profile import Profile, Setup, load_profile, model_id, store_online_later
 
 AUTO_DRAFT_TRIES = 3  # loads at most this many header-compatible drafts before giving up
@@ -48,6 +48,7 @@ def open_runtime(opts: LoadOptions, *, want_draft: bool, n_seq_max: int = 1) -> 
     (`auto`: the best compatible draft on disk, or none). `n_seq_max`: parallel
     sequences in the target's context and the draft's (serving: one per slot)."""
     target_path = models.resolve(opts.model, role="target")
+    opts = with_model_context(opts, target_path)  # -c 0: the target's, for the draft too
     draft_spec = (opts.draft or "none") if want_draft else "none"
     draft_path = None  # resolved before any load: a bad name fails fast
     if draft_spec.lower() not in ("none", "auto"):
@@ -76,7 +77,21 @@ def load_model(opts: LoadOptions, role: str, path: str | Path | None = None, *,
     when no `path` is given, and which GPU layers), with the context and threads of
     `opts`; no pair check."""
     path = path or models.resolve(opts.model if role == "target" else opts.draft, role=role)
-    return Model(model_config(opts, path, role, n_seq_max))
+    return Model(model_config(with_model_context(opts, path), path, role, n_seq_max))
+
+
+def with_model_context(opts: LoadOptions, path: str | Path) -> LoadOptions:
+    """`-c 0` (as in llama.cpp): the context the model was trained with, from its GGUF
+    header; other sizes as given."""
+    if opts.n_ctx != 0:
+        return opts
+    try:
+        n_ctx = read_info(path).context_length
+    except (GGUFError, OSError) as exc:
+        raise UsageError(f"-c 0: cannot read the context length of {path}: {exc}; give -c N") from None
+    if n_ctx <= 0:
+        raise UsageError(f"-c 0: {Path(path).name} does not say its context length; give -c N")
+    return replace(opts, n_ctx=n_ctx)
 
 
 def model_config(opts: LoadOptions, path: object, role: str, n_seq_max: int = 1) -> ModelConfig:

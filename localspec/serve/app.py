@@ -132,7 +132,8 @@ class _Api:
     async def health(self, request: Request) -> Response:
         snap = self.scheduler.snapshot()
         state = "unavailable" if not snap["alive"] else "draining" if snap["draining"] else "ok"
-        return JSONResponse({"status": state, "model": self.settings.model_id, **snap},
+        return JSONResponse({"status": state, "model": self.settings.model_id, **snap,
+                             "speed": self.metrics_.speed()},
                             status_code=200 if state == "ok" else 503)
 
     async def metrics(self, request: Request) -> Response:

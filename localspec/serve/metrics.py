@@ -121,6 +121,17 @@ class Metrics:
                     if n == n_seqs and (speculating is None or sp == speculating)]
             return (int(sum(r[0] for r in rows)), sum(r[1] for r in rows), int(sum(r[2] for r in rows)))
 
+    def speed(self) -> dict:
+        """What /health (and `localspec ps`) shows of the work done: requests finished,
+        tokens generated, decode tok/s of all slots together (decode-only steps) and the
+        mean time to the first token."""
+        with self._lock:
+            seconds = sum(r[1] for r in self.by_batch.values())
+            tokens = sum(r[2] for r in self.by_batch.values())
+            return {"requests": self.finished, "generated_tokens": self.generated_tokens,
+                    "decode_tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else None,
+                    "ttft_s": round(self.ttft_seconds / self.finished, 3) if self.finished else None}
+
     def toggled(self) -> None:
         with self._lock:
             self.spec_toggles += 1
