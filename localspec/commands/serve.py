@@ -62,7 +62,8 @@ log = logging.getLogger("localspec.serve")
               help="speculation off while more than N sequences are active; -1 never "
                    f"[default: from the calibration profile, else {DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE}]")
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
-              help="require 'Authorization: Bearer KEY' (env LOCALSPEC_API_KEY)")
+              help="require 'Authorization: Bearer KEY' (env LOCALSPEC_API_KEY); several keys "
+                   "separated by commas, each with its own drafting memory")
 @click.option("-n", "--n-predict", "--max-tokens", "max_tokens", type=int, default=512, show_default=True,
               help="max_tokens for requests that set none (<= 0: --max-tokens-limit)")
 @click.option("--max-tokens-limit", type=click.IntRange(min=1), default=4096, show_default=True,
@@ -98,12 +99,16 @@ log = logging.getLogger("localspec.serve")
               help="accepted for llama-server command lines: localspec reuses the longest start of a "
                    "prompt that a free slot holds, not chunks moved by KV shifting")
 @click.option("--no-log", is_flag=True, help="do not write requests to the acceptance log")
+@click.option("--no-memory", is_flag=True,
+              help="do not draft from earlier replies (by default one memory per API key, kept "
+                   "for the server's lifetime; a request opts out with \"memory\": false)")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: int | None,
           spec_disable: int | None, api_key: str | None, max_tokens: int, max_tokens_limit: int,
           max_body_bytes: int, max_messages: int, prefill_chunk: int, alias: str | None,
           shutdown_timeout: float, header_timeout: float, timeout: float, max_connections: int,
           allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...], cache_reuse: int, no_log: bool,
+          no_memory: bool,
           **kw) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics. Requests are batched together; speculation (n-gram drafting)
@@ -150,7 +155,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         settings = ServeSettings(
             model_id=model_id_for(target.path, alias), api_key=api_key, max_body_bytes=max_body_bytes,
             max_messages=max_messages, max_tokens_limit=max_tokens_limit, default_max_tokens=max_tokens, sampling=sampling,
-            log_generations=not no_log, target_path=str(target.path),
+            log_generations=not no_log, target_path=str(target.path), memory=not no_memory,
             host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
         )
         app = create_app(scheduler, target, settings)

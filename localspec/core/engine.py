@@ -286,6 +286,10 @@ class Generation:
         verify_s = decode_s + time.perf_counter() - t0
         self.stats.verify_s += verify_s
         count_round(self.stats, n_draft, n_accept)
+        if n_draft:
+            row = self.stats.by_source.setdefault(draft.source, [0, 0])
+            row[0] += n_draft
+            row[1] += n_accept
         self.policy.update(n_draft, n_accept)
         self.drafter.observe(n_draft, n_accept, verify_s, self.draft_s)
         events: list[Event] = [Round(n_draft, n_accept, draft.source, self.k)]

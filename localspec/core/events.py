@@ -78,6 +78,8 @@ class GenerationStats(Timed):
     drafter: str = "none"
     stop_reason: str = ""
     policy: dict = field(default_factory=dict)  # auto: (drafter:k) -> rounds, expected, realised
+    # per draft source (ngram, memory, model): [tokens drafted, tokens accepted]
+    by_source: dict[str, list[int]] = field(default_factory=dict)
     # set by callers that restore a prompt prefix from the on-disk prefix cache before
     # generate() (which then prefills only the rest); generate() leaves them alone
     restored_tokens: int = 0  # prompt tokens whose KV state came from the prefix cache

@@ -38,16 +38,27 @@ class Refused(ApiError):
         self.headers = {"Retry-After": str(retry_after)}
 
 
-def check_auth(request: Request, key: str | None) -> None:
-    """401 unless the request carries `Authorization: Bearer <key>` (when a key is set)."""
-    if not key:
-        return
+def api_keys(setting: str | None) -> list[str]:
+    """The keys of --api-key: one, or several separated by commas (as llama-server)."""
+    return [k.strip() for k in (setting or "").split(",") if k.strip()]
+
+
+def check_auth(request: Request, key: str | None) -> int | None:
+    """401 unless the request carries `Authorization: Bearer <key>` (when keys are set);
+    which of the keys it carried (its index), None when no key is set. Every key is
+    compared, in constant time each, so the time taken does not say which matched."""
+    keys = api_keys(key)
+    if not keys:
+        return None
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "You didn't provide an API key. Send it in an Authorization header "
                             "using Bearer auth (Authorization: Bearer YOUR_KEY).")
-    if not hmac.compare_digest(token.strip().encode(), key.encode()):
+    given = token.strip().encode()
+    matched = [i for i, k in enumerate(keys) if hmac.compare_digest(given, k.encode())]
+    if not matched:
         raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return matched[0]
 
 
 async def read_body(request: Request, limit: int) -> bytes:

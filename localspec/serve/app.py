@@ -33,6 +33,8 @@ from starlette.types import Receive, Scope, Send
 from localspec.acceptance import logdb
 from localspec.core.backend import Model, check_grammar
 from localspec.core.config import GenerationConfig, SamplingConfig
+from localspec.core.drafters.memory import MAX_TOKENS as MEMORY_TOKENS
+from localspec.core.drafters.memory import Memory
 from localspec.core.errors import GrammarError
 from localspec.serve import admission, guard, protocol
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
@@ -60,6 +62,8 @@ class ServeSettings:
     allowed_hosts: tuple[str, ...] = ()  # more Host names to answer (--allowed-host)
     cors_origins: tuple[str, ...] = ()  # origins a browser may read replies from (--cors-origin)
     sse_keepalive_s: float = 5.0  # a stream with nothing to send for this long gets a comment
+    memory: bool = True  # draft from earlier replies (one memory per API key), --no-memory: off
+    memory_tokens: int = MEMORY_TOKENS  # each memory's bound, the oldest replies dropped first
 
 
 def create_app(scheduler: Scheduler, target: Model, settings: ServeSettings) -> Starlette:
@@ -126,6 +130,7 @@ class _Api:
         self.settings = settings
         self.metrics_ = scheduler.metrics
         self.log_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-log")
+        self.memories: dict[int | None, Memory] = {}  # by API key (its index in --api-key)
 
     # ----- plain routes -------------------------------------------------------------
 
@@ -183,7 +188,7 @@ class _Api:
         try:
             if self.scheduler.draining:
                 raise admission.unavailable("the server is shutting down")
-            self._auth(request)
+            who = self._auth(request)
             body = protocol.parse_json(await admission.read_body(request, self.settings.max_body_bytes))
             req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
             admission.check_messages(len(req.messages), self.settings.max_messages)
@@ -199,7 +204,8 @@ class _Api:
             gen = GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos,
                                    logprobs=req.logprobs, grammar=req.grammar)
             job = Job(prompt, self._sampling(req), gen,
-                      sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), extra=extra)
+                      sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), extra=extra,
+                      memory=self._memory(who) if req.memory else None)
             try:
                 self.scheduler.submit(job)
             except QueueFull as exc:
@@ -219,8 +225,19 @@ class _Api:
             return _EventStream(call)
         return await call.complete()
 
-    def _auth(self, request: Request) -> None:
-        admission.check_auth(request, self.settings.api_key)
+    def _auth(self, request: Request) -> int | None:
+        return admission.check_auth(request, self.settings.api_key)
+
+    def _memory(self, who: int | None) -> Memory | None:
+        """The memory of the caller's API key (one for all when no keys are set): one
+        user's replies never draft for another. Made on first use; drafted from and
+        added to on the scheduler thread only."""
+        if not self.settings.memory:
+            return None
+        memory = self.memories.get(who)
+        if memory is None:
+            memory = self.memories.setdefault(who, Memory(self.settings.memory_tokens))
+        return memory
 
     def _prompt(self, req: GenRequest) -> tuple[list[int], str, ToolPlan | None]:
         """Token ids for the request (chat: the model's chat template), its text for the

@@ -49,6 +49,7 @@ class Job:
     gen: GenerationConfig
     sink: Callable[[object], None]  # called from the scheduler thread
     extra: list[int] = field(default_factory=list)  # a second n-gram source (predicted output)
+    memory: object | None = None  # the caller's Memory (drafters/memory.py): drafted from, added to
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
 

@@ -79,6 +79,7 @@ class GenRequest:
     parallel_tool_calls: bool = True
     logprobs: int | None = None  # per-token logprobs with this many alternatives; None: off
     grammar: str | None = None  # chat: response_format as GBNF the reply must follow
+    memory: bool = True  # drafted from the memory of earlier replies (per API key), and added to it
 
 
 # ----- validation: pydantic models (schema.py) -> GenRequest, or a 400 ----------------
@@ -158,7 +159,8 @@ def _common(kind: str, b: schema.CommonBody, **extra: Any) -> GenRequest:
         kind=kind, model=b.model, stream=bool(b.stream),
         include_usage=bool(b.stream_options and b.stream_options.include_usage),
         stop=tuple(s for s in b.stop or () if s), temperature=b.temperature, top_p=b.top_p,
-        top_k=b.top_k, min_p=b.min_p, seed=b.seed, ignore_eos=bool(b.ignore_eos), **extra,
+        top_k=b.top_k, min_p=b.min_p, seed=b.seed, ignore_eos=bool(b.ignore_eos),
+        memory=b.memory is not False, **extra,
     )
 
 

@@ -205,7 +205,7 @@ class Scheduler:
         if self.drafter_factory is not None:
             return self.drafter_factory(self.cfg.spec, job.sampling, job.extra)
         return make_drafter(self.cfg.spec, job.sampling, self.draft, job.extra, self.target,
-                            seq=seq, batch=self.drafts)
+                            seq=seq, batch=self.drafts, memory=job.memory)
 
     def _speculate(self) -> bool:
         limit = self.cfg.spec_disable_by_batch_size

@@ -221,6 +221,7 @@ class CommonBody(_Body):
     top_k: Annotated[Integer, Field(ge=0)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     ignore_eos: bool | None = None
+    memory: bool | None = None  # false: neither drafted from this server's memory nor added to it
 
 
 TopLogprobs = Annotated[Integer, Field(ge=0, le=MAX_TOP_LOGPROBS)]
