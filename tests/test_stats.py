@@ -233,3 +233,99 @@ def test_detect_groups_and_ignores_tiny_drafts():
     assert [(a.draft, a.drafter, a.tag) for a in alerts] == [(None, "ngram", "json")]
     assert alerts[0].pair == f"{TARGET} + ngram"
     assert "fell from 80% to 30% over the last 5 runs" in alerts[0].message()
+
+
+# ----- --plot: one row per pair, the legend outside the axes --------------------------
+
+# a fortnight of runs as this project's machines log them: (target, draft, drafter, tag,
+# runs, acceptance mean and sd or None for no drafting, tok/s mean and sd)
+REALISTIC = [
+    (TARGET, DRAFT, "auto", "code", 90, (0.62, 0.14), (12.0, 2.5)),
+    (TARGET, DRAFT, "auto", "prose", 50, (0.44, 0.15), (9.0, 2.0)),
+    (TARGET, DRAFT, "auto", "json", 25, (0.72, 0.10), (13.5, 2.5)),
+    (TARGET, None, "ngram", "edit", 60, (0.86, 0.08), (21.0, 6.0)),
+    (TARGET, None, "ngram", "code", 35, (0.33, 0.18), (8.0, 1.5)),
+    (TARGET, DRAFT, "model", "code", 40, (0.58, 0.13), (8.5, 1.8)),
+    (TARGET, None, "none", "prose", 30, None, (7.1, 0.4)),
+    ("smollm2-135m", None, "ngram", "prose", 45, (0.28, 0.15), (78.0, 14.0)),
+    ("smollm2-135m", None, "ngram", "code", 20, (0.41, 0.15), (85.0, 14.0)),
+    (DRAFT, None, "auto", "code", 30, (0.5, 0.2), (24.0, 4.0)),
+]
+
+
+def realistic_log(groups=REALISTIC, seed: int = 7) -> None:
+    rng = random.Random(seed)
+    rows = []
+    for target, draft, drafter, tag, n, acc, tps in groups:
+        for _ in range(n):
+            a = None if acc is None else min(1.0, max(0.0, rng.gauss(*acc)))
+            speed = max(1.0, rng.gauss(*tps))
+            generated = rng.randint(40, 600)
+            rows.append(record(a, age_s=rng.uniform(0, 14 * 86400), target=target, draft=draft,
+                               drafter=drafter, tag=tag, drafted=rng.randint(80, 400),
+                               generated=generated, decode_s=generated / speed))
+    logdb.insert_many(sorted(rows, key=lambda r: r["ts"]))
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_plot_has_a_row_per_pair_and_the_legend_outside_every_axes():
+    plt = stats_cmd._pyplot()
+    from localspec.acceptance import plot
+
+    realistic_log()
+    fig = plot.figure(plt, logdb.read_records())
+    try:
+        pairs = {(t, d, dr) for t, d, dr, *_ in REALISTIC}
+        rows = [fig.axes[i: i + 2] for i in range(0, len(fig.axes), 2)]
+        assert len(rows) == len(pairs) == 6
+        titles = {acc.get_title(loc="left").split("  ·  ")[0] for acc, _ in rows}
+        assert titles == {drift.pair_label(*p) for p in pairs}
+        for acc, tps in rows:
+            pair = acc.get_title(loc="left")
+            drafted = "+ none" not in pair
+            for ax in (acc, tps) if drafted else (tps,):  # points and a rolling median per tag
+                gids = {a.get_gid() for a in [*ax.collections, *ax.lines]}
+                assert any(g.startswith("points:") for g in gids) and any(g.startswith("median:") for g in gids)
+            assert tps.get_ylabel().endswith(pair.split(" + ")[0])  # tok/s of this target
+        by_target: dict = {}
+        for _, tps in rows:
+            by_target.setdefault(tps.get_ylabel(), set()).add(tps.get_ylim())
+        assert all(len(limits) == 1 for limits in by_target.values())  # one scale per target
+        assert len({next(iter(v)) for v in by_target.values()}) == len(by_target)  # not shared across
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        (legend,) = fig.legends
+        box = legend.get_window_extent(renderer)
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert {"code", "edit", "json", "prose"} <= set(labels)
+        assert all(not _overlaps(box, ax.get_tightbbox(renderer)) for ax in fig.axes)
+        whole = fig.bbox
+        assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0 and box.y1 <= whole.y1
+    finally:
+        plt.close(fig)
+
+
+def test_plot_draws_the_busiest_pairs_and_names_the_rest():
+    plt = stats_cmd._pyplot()
+    from localspec.acceptance import plot
+
+    groups = [(f"model-{i}", None, "ngram", "code", 3 + i, (0.5, 0.1), (10.0, 1.0)) for i in range(10)]
+    realistic_log(groups)
+    fig = plot.figure(plt, logdb.read_records())
+    try:
+        assert len(fig.axes) == 2 * plot.MAX_ROWS
+        drawn = {ax.get_title(loc="left").split(" + ")[0] for ax in fig.axes[::2]}
+        assert drawn == {f"model-{i}" for i in range(2, 10)}  # the two with fewest runs left out
+        footnote = " ".join(t.get_text() for t in fig.texts)
+        assert "model-0 + ngram" in footnote and "model-1 + ngram" in footnote
+    finally:
+        plt.close(fig)
+
+
+def test_rolling_median_follows_a_step():
+    from localspec.acceptance.plot import rolling_median
+
+    assert list(rolling_median([0.2, 0.2, 0.2, 0.9, 0.9, 0.9], 3)) == [0.2, 0.2, 0.2, 0.2, 0.9, 0.9]

@@ -17,6 +17,7 @@ import click
 import numpy as np
 
 from localspec.acceptance import drift, logdb
+from localspec.acceptance import plot as acceptance_plot
 from localspec.acceptance.logdb import Record
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -54,7 +55,7 @@ class GroupSummary:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
               metavar="FILE.png",
-              help="also draw acceptance and tok/s over time (needs matplotlib)")
+              help="also draw acceptance and tok/s over time, one row per pair (needs matplotlib)")
 def stats(since: str | None, as_json: bool, plot_file: str | None) -> None:
     """Acceptance and speed per target, draft, drafter and workload tag.
 
@@ -153,31 +154,12 @@ def sparkline(values: Sequence[float]) -> str:
 
 
 def plot(plt, records: Sequence[Record], file: str) -> None:
-    """Acceptance (top) and tokens/s (bottom) per run over time, one line per group."""
-    fig, (ax_acc, ax_tps) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
-    by_key: dict[tuple, list[Record]] = {}
-    for r in records:
-        by_key.setdefault(r.key, []).append(r)
-    groups = sorted(by_key.items(), key=lambda kv: str(kv[0]))
-    for i, ((target, draft, drafter, tag), rs) in enumerate(groups):
-        style = {"label": f"{drift.pair_label(target, draft, drafter)} · {tag}",
-                 "color": f"C{i % 10}", "marker": "o", "markersize": 3}  # fmt: skip
-        when = [datetime.fromtimestamp(r.ts) for r in rs]
-        acc = [(w, r.acceptance) for w, r in zip(when, rs) if r.acceptance is not None]
-        if acc:
-            ax_acc.plot(*zip(*acc), **style)
-        ax_tps.plot(when, [r.tokens_per_s for r in rs], **style)
-    ax_acc.set_ylabel("acceptance")
-    ax_acc.set_ylim(0, 1.02)
-    ax_acc.set_title("localspec: acceptance and speed per run")
-    ax_tps.set_ylabel("tokens/s")
-    ax_tps.legend(fontsize="small", loc="best")
-    for ax in (ax_acc, ax_tps):
-        ax.grid(alpha=0.3)
-    fig.autofmt_xdate()
-    fig.tight_layout()
-    fig.savefig(file, dpi=120)
-    plt.close(fig)
+    """Write the acceptance/speed figure (acceptance/plot.py) to `file`."""
+    fig = acceptance_plot.figure(plt, records)
+    try:
+        fig.savefig(file, dpi=110)
+    finally:
+        plt.close(fig)
 
 
 def _pyplot():
