@@ -51,14 +51,19 @@ def test_top_level_help_lists_commands():
     assert sorted(line.split()[0] for line in listed if line.strip()) == sorted(COMMAND_HELP)
 
 
-@pytest.fixture
-def no_llama_cpp(tmp_path):
-    """An environment in which `import llama_cpp` raises ImportError, as on a machine
-    where llama-cpp-python is missing or its build is broken."""
+BROKEN_IMPORTS = {  # llama-cpp-python missing, and installed with a library that does not load
+    "missing": 'raise ImportError("llama_cpp made unimportable by the test", name="llama_cpp")\n',
+    "broken": 'raise RuntimeError("Failed to load shared library \'/x/libllama.so\': undefined symbol")\n',
+}
+
+
+@pytest.fixture(params=sorted(BROKEN_IMPORTS))
+def no_llama_cpp(tmp_path, request):
+    """An environment in which `import llama_cpp` fails, as on a machine where
+    llama-cpp-python is missing or its build is broken."""
     fake = tmp_path / "no_llama" / "llama_cpp"
     fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(
-        'raise ImportError("llama_cpp made unimportable by the test", name="llama_cpp")\n')
+    (fake / "__init__.py").write_text(BROKEN_IMPORTS[request.param])
     path = os.pathsep.join(p for p in (str(fake.parent), os.environ.get("PYTHONPATH")) if p)
     return {"PYTHONPATH": path}
 
@@ -70,7 +75,8 @@ def test_help_and_completion_without_llama_cpp(no_llama_cpp):
     top = cli("--help", timeout=60, env=no_llama_cpp)
     assert top.returncode == 0, top.stderr
     assert "run " in top.stdout and "serve " in top.stdout
-    for command in ("run", "chat", "edit", "models", "stats", "pull"):
+    for command in ("run", "chat", "edit", "models", "ls", "ps", "stats", "pull", "tune", "bench",
+                    "worker", "doctor"):
         proc = cli(command, "--help", timeout=60, env=no_llama_cpp)
         assert proc.returncode == 0, (command, proc.stderr)
         assert proc.stdout.startswith(f"Usage: localspec {command} [OPTIONS]")
@@ -80,11 +86,14 @@ def test_help_and_completion_without_llama_cpp(no_llama_cpp):
 
 
 def test_commands_needing_llama_cpp_fail_in_one_line_without_it(no_llama_cpp):
-    for args in (("run", "-m", "smollm2-135m", "hi"), ("serve", "--help"), ("doctor",)):
+    for args in (("run", "-m", "smollm2-135m", "hi"), ("serve", "--help")):
         proc = cli(*args, timeout=60, env=no_llama_cpp)
         assert proc.returncode == 1, (args, proc.stderr)
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert "llama-cpp-python" in proc.stderr
+    doctor = cli("doctor", timeout=60, env=no_llama_cpp)  # says what is wrong, as its report
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr
+    assert "llama-cpp-python   UNUSABLE: llama-cpp-python is" in doctor.stdout
 
 
 def test_model_completion_lists_what_models_lists(smol_path):

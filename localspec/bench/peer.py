@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from localspec.core.backend import has_amx
 
 PEERS = ("llama-cpp-python",)
 
@@ -53,6 +52,8 @@ class LlamaCppPythonPeer:
         import llama_cpp
 
         if amx_workaround is None:  # as the backend decides: on wherever AMX would crash a batch
+            from localspec.core.backend import has_amx  # imported here: bench --help needs none
+
             amx_workaround = has_amx()
 
         self.drafter = _counting_lookup(max_ngram_size, num_pred_tokens)

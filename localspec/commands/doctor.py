@@ -21,23 +21,29 @@ from localspec import __version__
 from localspec.commands.options import load_options, model_options
 from localspec.commands.ui import human_size
 from localspec.core import rpc
-from localspec.core.backend import (
-    Model,
-    backends,
-    default_threads,
-    device_info,
-    devices,
-    ggml_build,
-    has_amx,
-    llama_cpp_version,
-    supports_gpu_offload,
-    supports_rpc,
-    system_info,
-)
-from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions
-from localspec.core.errors import LocalspecError, UsageError
-from localspec.core.runtime import load_model
+from localspec.core.errors import BackendError, LocalspecError, UsageError
+
+try:  # a missing or broken llama-cpp-python is what doctor is asked about, not a crash
+    from localspec.core.backend import (
+        Model,
+        backends,
+        default_threads,
+        device_info,
+        devices,
+        ggml_build,
+        has_amx,
+        llama_cpp_version,
+        supports_gpu_offload,
+        supports_rpc,
+        system_info,
+    )
+    from localspec.core.compat import check_pair
+    from localspec.core.runtime import load_model
+
+    BACKEND_ERROR: BackendError | None = None
+except BackendError as exc:
+    BACKEND_ERROR = exc
 
 _GIB = 1024**3
 
@@ -196,6 +202,8 @@ def doctor(ctx: click.Context, as_json: bool, **kw) -> None:
       localspec doctor -m qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --json
     """
     opts = load_options(kw, bool((ctx.obj or {}).get("verbose")))
+    if BACKEND_ERROR is not None:
+        _no_backend(BACKEND_ERROR, as_json)
     report = system_report(opts.n_threads)
     report["rpc"] = rpc_report(opts.rpc)
     unreachable = [w["endpoint"] for w in report["rpc"]["workers"] if not w["reachable"]]
@@ -209,6 +217,19 @@ def doctor(ctx: click.Context, as_json: bool, **kw) -> None:
         click.echo(json.dumps(report, indent=2))
     else:
         print_report(report)
+
+
+def _no_backend(exc: BackendError, as_json: bool) -> None:
+    """What can be said without llama.cpp; exit 1."""
+    if as_json:
+        click.echo(json.dumps({"localspec": __version__, "python": platform.python_version(),
+                               "platform": f"{platform.system()} {platform.machine()}",
+                               "llama_cpp_python": None, "error": str(exc)}, indent=2))
+    else:
+        _row("localspec", f"{__version__} (Python {platform.python_version()}, "
+                          f"{platform.system()} {platform.machine()})")
+        _row("llama-cpp-python", f"UNUSABLE: {exc}")
+    raise SystemExit(1)
 
 
 # ----- text output ------------------------------------------------------------------

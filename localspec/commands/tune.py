@@ -15,7 +15,6 @@ from localspec.bench.calibrate import calibrate
 from localspec.commands.options import load_options, model_options
 from localspec.core.drafters.auto import CostModel, best_k
 from localspec.core.errors import LocalspecError
-from localspec.core.runtime import open_runtime, setup_of
 from localspec.models.profile import N_MAX, Profile, save_profile, vcurve_sizes
 
 
@@ -60,6 +59,8 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
 
     The profile is keyed by model files, device, threads and GPU layers.
     """
+    from localspec.core.runtime import open_runtime, setup_of  # loads llama.cpp: not for --help
+
     opts = load_options(kw, ctx.obj["verbose"] if ctx.obj else False)
     if opts.draft is None:
         default = models.load_manifest().default_draft

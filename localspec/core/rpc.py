@@ -17,7 +17,6 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 
-from localspec.core.backend import ggml
 from localspec.core.errors import LocalspecError, UsageError
 
 DEFAULT_PORT = 50052
@@ -56,8 +55,15 @@ def connect_timeout() -> float:
         return 5.0
 
 
+def _ggml():
+    # imported when used: parsing endpoints and the worker's --help need no llama.cpp
+    from localspec.core.backend import ggml
+
+    return ggml
+
+
 def require_rpc() -> None:
-    if not ggml.supports_rpc():
+    if not _ggml().supports_rpc():
         raise UsageError(REBUILD)
 
 
@@ -113,6 +119,7 @@ def attach(endpoints: Sequence[str]) -> list[int]:
     this process uses it (later its one connection may be held by a loaded model, and a
     worker serves one client at a time)."""
     require_rpc()
+    ggml = _ggml()
     with _lock:
         for ep in endpoints:
             if ep not in _attached:
@@ -167,6 +174,7 @@ def serve(host: str, port: int, n_threads: int, cache_dir: str | None,
     it runs in a daemon thread and Ctrl-C reaches the main thread."""
     require_rpc()
     check_listen(host, port)
+    ggml = _ggml()
     devs = ggml.server_handles()
     announce([ggml.device_info(d) for d in devs])
     server = threading.Thread(target=ggml.rpc_start_server, name="ggml-rpc-server", daemon=True,
