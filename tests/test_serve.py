@@ -221,7 +221,6 @@ def _error(r: httpx.Response, status: int) -> dict:
     ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"model": "m", "messages": [{"role": "user"}]}, "messages[0].content"),
     ({"model": 3, "messages": CHAT}, "model"),
-    ({"messages": CHAT}, "model"),
     ({"model": "m", "messages": CHAT, "frobnicate": 1}, "frobnicate"),
     ({"model": "m", "messages": CHAT, "n": 2}, "n"),
     ({"model": "m", "messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),

@@ -79,3 +79,8 @@ class GenerationConfig:
     # GBNF (root rule `root`) every generated token must follow: --grammar, --json-schema,
     # response_format; the engine compiles it with llama.cpp's grammar sampler
     grammar: str | None = None
+    # code completion (llama-server's /infill; core/limits.py): a later line indented
+    # less than n_indent ends the output, and so does the first line end after
+    # t_max_predict_ms of generation (0: off)
+    n_indent: int = 0
+    t_max_predict_ms: float = 0

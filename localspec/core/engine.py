@@ -30,6 +30,7 @@ from localspec.core.constrain import (
 )
 from localspec.core.drafters.base import Draft, Drafter, constrain, finished
 from localspec.core.errors import ContextFull
+from localspec.core.limits import LineLimits
 from localspec.core.events import (
     Done,
     Event,
@@ -103,6 +104,7 @@ class Output:
         self.stats = stats
         self.detok = target.detokenizer()
         self.stops = StopMatcher(gen.stop)
+        self.lines = LineLimits(gen.n_indent, gen.t_max_predict_ms)
 
     def add(self, token: int, from_draft: bool, logprob: TokenLogprob | None = None) -> Token | None:
         """Returns the event to emit (None for an end-of-generation token); sets
@@ -112,14 +114,19 @@ class Output:
             return None
         self.stats.generated += 1
         text, hit = self.stops.feed(self.detok.add(token))
+        limit = None
+        if not hit and self.lines.active:
+            text, limit = self.lines.feed(text)
         if hit:
             self.stats.stop_reason = "stop"
+        elif limit:
+            self.stats.stop_reason = limit
         elif 0 < self.gen.max_tokens <= self.stats.generated:
             self.stats.stop_reason = "length"
         return Token(token, text, from_draft, logprob)
 
     def tail(self) -> str:
-        if self.stats.stop_reason == "stop":
+        if self.stats.stop_reason in ("stop", "indent"):  # what follows the cut is dropped
             return ""
         return self.stops.feed(self.detok.flush())[0] + self.stops.flush()
 
@@ -232,7 +239,7 @@ class Generation:
         self.id_last = pick(logits, self.sampling, self.rng, self.grammar)
         if self.grammar is not None:
             self.grammar.accept(self.id_last)
-        self.t_first = time.perf_counter()
+        self.t_first = self.out.lines.t0 = time.perf_counter()
         self.stats.prefill_s = self.t_first - self.t_start
         self.tokens.append(self.id_last)
         self.drafter.begin(self.prompt)

@@ -88,6 +88,9 @@ def create_app(scheduler: Scheduler, target: Model, settings: ServeSettings) -> 
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
     ]
+    from localspec.serve import native  # llama-server's own endpoints (it imports this module)
+
+    routes += native.routes(api)
     handlers = {HTTPException: _http_error, Exception: _server_error}
     middleware = guard.middleware(settings.host, settings.allowed_hosts, settings.cors_origins)
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers, middleware=middleware)

@@ -52,6 +52,7 @@ class Job:
     memory: object | None = None  # the caller's Memory (drafters/memory.py): drafted from, added to
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
+    slot: int = -1  # the KV sequence the scheduler gave it (llama.cpp's id_slot)
 
     def cancel(self) -> None:
         """Thread-safe: the scheduler frees the job's slot at its next step."""

@@ -80,6 +80,7 @@ class GenRequest:
     logprobs: int | None = None  # per-token logprobs with this many alternatives; None: off
     grammar: str | None = None  # chat: response_format as GBNF the reply must follow
     memory: bool = True  # drafted from the memory of earlier replies (per API key), and added to it
+    template_kwargs: dict = field(default_factory=dict)  # chat: chat_template_kwargs, for the template
 
 
 # ----- validation: pydantic models (schema.py) -> GenRequest, or a 400 ----------------
@@ -121,7 +122,20 @@ def parse_chat(body: dict) -> GenRequest:
                    max_tokens=b.max_completion_tokens or b.max_tokens, tools=tools, tool_choice=choice,
                    parallel_tool_calls=b.parallel_tool_calls is not False,
                    logprobs=(b.top_logprobs or 0) if b.logprobs else None,
-                   grammar=_grammar(b.response_format))
+                   grammar=_grammar(b.response_format), template_kwargs=_template_kwargs(b))
+
+
+# names render_chat gives the template itself: chat_template_kwargs cannot replace them
+_TEMPLATE_OWN = {"messages", "tools", "add_generation_prompt", "strict", "model"}
+
+
+def _template_kwargs(b: schema.ChatBody) -> dict:
+    kw = b.chat_template_kwargs or {}
+    bad = next((k for k in kw if k in _TEMPLATE_OWN or not k.isidentifier()), None)
+    if bad is not None:
+        raise bad_request(f"Invalid value for 'chat_template_kwargs': {bad!r} cannot be set.",
+                          "chat_template_kwargs", "invalid_value")
+    return dict(kw)
 
 
 def _message(m: schema.Message) -> dict:
@@ -156,7 +170,7 @@ def grammar_error(exc: GrammarError, name: str | None = None) -> ApiError:
 
 def _common(kind: str, b: schema.CommonBody, **extra: Any) -> GenRequest:
     return GenRequest(
-        kind=kind, model=b.model, stream=bool(b.stream),
+        kind=kind, model=b.model or "", stream=bool(b.stream),
         include_usage=bool(b.stream_options and b.stream_options.include_usage),
         stop=tuple(s for s in b.stop or () if s), temperature=b.temperature, top_p=b.top_p,
         top_k=b.top_k, min_p=b.min_p, seed=b.seed, ignore_eos=bool(b.ignore_eos),
@@ -227,7 +241,7 @@ def new_id(kind: str) -> str:
 def finish_reason(stop_reason: str, tool_calls: bool = False) -> str:
     """The engine's stop reason in OpenAI's vocabulary ("tool_calls" when the reply
     ended, not cut, with calls in it)."""
-    if stop_reason in ("length", "context"):
+    if stop_reason in ("length", "context", "time"):
         return "length"
     return "tool_calls" if tool_calls else "stop"
 

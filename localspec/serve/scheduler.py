@@ -151,6 +151,23 @@ class Scheduler:
                 "spec_disable_by_batch_size": -1 if limit is None or limit < 0 else limit,
                 "alive": self.alive, "draining": self.draining, "kv_tokens": list(self.kv_tokens)}
 
+    def slots(self) -> list[dict]:
+        """Each slot as llama-server's GET /slots shows it (read without stopping the loop)."""
+        busy = {a.state.seq: a for a in list(self.active)}
+        out = []
+        for seq in range(self.cfg.n_slots):
+            a = busy.get(seq)
+            slot = {"id": seq, "n_ctx": self.target.n_ctx_seq, "speculative": self.speculating,
+                    "is_processing": a is not None, "n_tokens_cached": self.kv_tokens[seq]}
+            if a is not None:
+                st = a.state.stats
+                slot.update(n_prompt_tokens=st.prompt_tokens, n_prompt_tokens_processed=st.prefill_tokens,
+                            n_prompt_tokens_cache=st.restored_tokens,
+                            next_token=[{"has_next_token": not a.state.done, "n_decoded": st.generated,
+                                         "n_remain": max(0, a.job.gen.max_tokens - st.generated)}])
+            out.append(slot)
+        return out
+
     # ----- the loop -------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -189,6 +206,7 @@ class Scheduler:
             held = [shared_prefix(self.target.seq_tokens(s), job.prompt) for s in self.free]
             best = held.index(max(held))
             seq = self.free.pop(best)
+            job.slot = seq
             try:
                 self._free_draft(seq)  # whatever the slot's last user left
                 drafter = self._drafter(job, seq)

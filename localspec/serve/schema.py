@@ -26,6 +26,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from localspec.serve.llamacpp_fields import LlamaCppFields
+
 MAX_STOPS = 4
 
 # error types of our own (PydanticCustomError); the message is what follows the field name
@@ -203,8 +205,8 @@ def _stops(v: Any) -> Any:
 Stop = Annotated[list[str], Field(max_length=MAX_STOPS), BeforeValidator(_stops)]
 
 
-class CommonBody(_Body):
-    model: str
+class CommonBody(_Body, LlamaCppFields):
+    model: str | None = None  # optional, as in llama-server: there is one model
     max_tokens: Annotated[Integer, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None

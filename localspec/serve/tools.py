@@ -55,7 +55,7 @@ def chat_prompt(model: Model, req: GenRequest) -> tuple[str, ToolPlan | None]:
         if uses_tools(req) and not template_for(model, tools=True).caps.tools:
             raise TemplateError("it does not show tools, tool calls or tool results to the model; "
                                 "use a model whose template has tools")
-        text = render_chat(model, req.messages, tools=req.tools or None)
+        text = render_chat(model, req.messages, tools=req.tools or None, **req.template_kwargs)
     except TemplateError as exc:
         raise bad_request(f"This model's chat template cannot render the request: {exc}",
                           "tools" if req.tools else "messages", "invalid_value") from None

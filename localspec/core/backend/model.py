@@ -177,6 +177,13 @@ class Model(PrefixCache, Owned):
     def is_eog(self, token: int) -> bool:
         return bool(_ll.llama_vocab_is_eog(self._vocab, token))
 
+    def fim_tokens(self) -> dict[str, int]:
+        """The fill-in-the-middle token ids llama.cpp found for this vocabulary (the
+        GGUF's tokenizer.ggml.fim_*_token_id, else tokens it knows by name such as
+        Qwen2.5-Coder's <|fim_prefix|>): pre, suf, mid, pad, rep, sep; -1 when absent."""
+        names = ("pre", "suf", "mid", "pad", "rep", "sep")
+        return {n: int(getattr(_ll, f"llama_vocab_fim_{n}")(self._vocab)) for n in names}
+
     def token_text(self, token: int) -> str:
         """The vocabulary's stored text for a token (for comparing vocabularies)."""
         raw = _ll.llama_vocab_get_text(self._vocab, token)
