@@ -113,3 +113,23 @@ def test_one_rewind_for_every_sequence(two_seqs):
     m.rewind(0, seq=1)
     m.rewind(0)
     assert m.kv_len(0) == m.kv_len(1) == 0
+
+
+def test_decode_multi_lays_the_batch_out_in_sequence_order(two_seqs):
+    # llama.cpp's per-sequence KV cache makes one ubatch only of consecutive, increasing
+    # sequence ids: slots handed over in arrival order (1 before 0) must be reordered,
+    # and each entry still gets its own rows back
+    m = two_seqs
+    a = m.tokenize("one two three four")
+    b = m.tokenize("five six seven eight nine")
+    alone = {}
+    for seq, toks in ((0, a), (1, b)):
+        alone[seq] = m.decode_multi([(seq, toks, 2)])[0].copy()
+        m.rewind(0, seq=seq)
+    rows = m.decode_multi([(1, b, 2), (0, a, 2)])
+    laid_out = [m._batch.seq_id[i][0] for i in range(len(a) + len(b))]
+    assert laid_out == sorted(laid_out) and laid_out[0] == 0
+    assert np.allclose(rows[0], alone[1], atol=1e-3) and np.allclose(rows[1], alone[0], atol=1e-3)
+    assert (m.kv_len(0), m.kv_len(1)) == (len(a), len(b))
+    m.rewind(0, seq=1)
+    m.rewind(0)

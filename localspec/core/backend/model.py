@@ -304,12 +304,20 @@ class Model(PrefixCache, Owned):
     def decode_multi(self, entries: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
         """One decode for several sequences: entries are (seq_id, tokens, n_logit_rows),
         each appended at its sequence's own position; logits are returned for the last
-        n_logit_rows tokens of each entry (views valid until the next decode)."""
-        rows = self._decode_batch([(seq, toks, range(len(toks) - n_rows, len(toks)))
-                                   for seq, toks, n_rows in entries])
-        out, row = [], 0
-        for _, _, n_rows in entries:
-            out.append(rows[row : row + n_rows])
+        n_logit_rows tokens of each entry (views valid until the next decode).
+
+        The batch is laid out in sequence-id order: llama.cpp's per-sequence KV cache
+        puts only sequences of consecutive, increasing ids in one ubatch, so the slots
+        in the order requests happened to arrive would cost a pass over the weights
+        per out-of-order run."""
+        order = sorted(range(len(entries)), key=lambda i: entries[i][0])
+        rows = self._decode_batch([(entries[i][0], entries[i][1], range(len(entries[i][1]) - entries[i][2],
+                                                                        len(entries[i][1]))) for i in order])
+        out: list[np.ndarray] = [rows[:0]] * len(entries)
+        row = 0
+        for i in order:
+            n_rows = entries[i][2]
+            out[i] = rows[row : row + n_rows]
             row += n_rows
         return out
 
