@@ -83,6 +83,9 @@ def test_help_and_completion_without_llama_cpp(no_llama_cpp):
     comp = cli(timeout=60, env={**no_llama_cpp, "_LOCALSPEC_COMPLETE": "bash_complete",
                                 "COMP_WORDS": "localspec se", "COMP_CWORD": "1"})
     assert comp.returncode == 0 and comp.stdout.split() == ["plain,serve"], comp.stderr
+    models = cli(timeout=60, env={**no_llama_cpp, "_LOCALSPEC_COMPLETE": "bash_complete",
+                                  "COMP_WORDS": "localspec run -m qwen2.5-coder-1", "COMP_CWORD": "3"})
+    assert models.returncode == 0 and "plain,qwen2.5-coder-1.5b" in models.stdout.split(), models.stderr
 
 
 def test_commands_needing_llama_cpp_fail_in_one_line_without_it(no_llama_cpp):

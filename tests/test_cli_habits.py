@@ -120,6 +120,8 @@ def test_a_first_word_naming_a_model_is_an_error(smol_path, captured):
     fragment = invoke("run", "smollm2", "hi")  # Ollama's name without the size
     assert fragment.exit_code == 2 and "smollm2-135m" in fragment.output
     assert invoke("run", "ollama:qwen2.5-coder:7b", "hi").exit_code == 2
+    alone = invoke("run", "smollm2-135m", stdin="text on stdin")  # Ollama's `run MODEL`
+    assert alone.exit_code == 2 and "localspec chat -m smollm2-135m" in alone.output
     # a plain word, a quoted prompt, -p, or an explicit -m: the words are the prompt
     for args in (("explain", "this"), ("smollm2-135m write a haiku",), ("-p", "smollm2-135m hi"),
                  ("-m", "x.gguf", "smollm2-135m", "hi")):

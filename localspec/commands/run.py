@@ -62,7 +62,7 @@ def models_named_first(args: tuple[str, ...]) -> list[str]:
     looks like a model name (Ollama's `run MODEL PROMPT` habit): the word itself for a
     file or store name, else the listed names it is or begins (exact and downloaded
     first); empty when it does not look like one."""
-    if len(args) < 2:
+    if not args:
         return []
     word = args[0].strip()
     if len(word) < 4 or any(c.isspace() for c in word):
@@ -82,6 +82,17 @@ def models_named_first(args: tuple[str, ...]) -> list[str]:
         elif name.startswith((key + "-", key + ":")):
             hits.append((1, row.path is None, row.name))
     return list(dict.fromkeys(name for *_, name in sorted(hits)))
+
+
+def _model_first_message(prompt: tuple[str, ...], named: list[str]) -> str:
+    which = "" if named == [prompt[0]] else f" ({', '.join(named)})"
+    if len(prompt) == 1:  # Ollama's `run MODEL` is a conversation
+        return (f"'{prompt[0]}' names a model{which} and would be sent as the prompt; choose the model "
+                f"with -m: localspec run -m {named[0]} \"PROMPT\", or localspec chat -m {named[0]} "
+                f"(to send the word as text: -p {prompt[0]})")
+    return (f"'{prompt[0]}' names a model{which} but would be sent as the start of the prompt; choose "
+            f"the model with -m: localspec run -m {named[0]} \"{' '.join(prompt[1:])}\" (to send it "
+            f"as text: -p \"{' '.join(prompt)}\")")
 
 
 def stats_line(stats: GenerationStats) -> str:
@@ -209,10 +220,7 @@ def run(ctx: click.Context, prompt: tuple[str, ...], prompt_text: str | None, pr
     if ctx.get_parameter_source("model") == ParameterSource.DEFAULT:
         named = models_named_first(prompt)
         if named:
-            which = "" if named == [prompt[0]] else f" ({', '.join(named)})"
-            raise UsageError(f"'{prompt[0]}' names a model{which} but would be sent as the start of "
-                             f"the prompt; choose the model with -m: localspec run -m {named[0]} "
-                             f"\"{' '.join(prompt[1:])}\" (to send it as text: -p \"{' '.join(prompt)}\")")
+            raise UsageError(_model_first_message(prompt, named))
     opts = load_options(kw, ctx.obj["verbose"])
     spec = spec_config(kw, has_draft=bool(opts.draft and opts.draft.lower() != "none"))
     gen = replace(gen_config(kw), grammar=grammar_text(kw))
