@@ -19,6 +19,7 @@ from localspec.bench.peer import PEERS
 from localspec.commands.options import load_options, model_options, spec_config
 from localspec.core.config import SPEC_MODES
 from localspec.core.errors import UsageError
+from localspec.core.tuning import DRAFT_P_MIN
 
 DEFAULT_MODES = "none,ngram,model,hybrid"
 NEEDS_DRAFT = ("model", "hybrid")
@@ -34,7 +35,7 @@ QUICK = {"per_tag": 1, "n_predict": 48, "edit_n": 160, "vcurve_max": 8}
               help="draft lengths to sweep (the --draft-max of each variant), e.g. 4,8,16")
 @click.option("--fixed-k", is_flag=True, help="always draft k tokens (no adaptive k)")
 @click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=click.FloatRange(0, 1),
-              default=0.75, show_default=True,
+              default=DRAFT_P_MIN, show_default=True,
               help="the model drafter stops when its top probability falls below this")
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(min=1), default=256,
               show_default=True, help="most tokens per generation for prompt workloads")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from localspec.core.tuning import DRAFT_MAX, DRAFT_P_MIN
+
 SPEC_MODES = ("auto", "none", "ngram", "model", "hybrid")
 
 
@@ -60,9 +62,9 @@ class SpecConfig:
     """Which drafter and how many tokens to draft per round."""
 
     mode: str = "ngram"  # auto | none | ngram | model | hybrid
-    draft_max: int = 16
+    draft_max: int = DRAFT_MAX
     draft_min: int = 0
-    draft_p_min: float = 0.75  # model drafter stops when its top prob falls below
+    draft_p_min: float = DRAFT_P_MIN  # model drafter stops when its top prob falls below
     ngram_min: int = 1
     ngram_max: int = 4
     adaptive: bool = True  # grow k after fully accepted rounds, shrink after early misses

@@ -47,6 +47,7 @@ from localspec.core.sampling import (
     probs_from_logits,
     sample,
 )
+from localspec.core.tuning import ADAPTIVE_K_START
 
 
 class AdaptiveK:
@@ -57,7 +58,7 @@ class AdaptiveK:
         self.lo = max(1, spec.draft_min)
         self.hi = max(self.lo, spec.draft_max)
         self.adaptive = spec.adaptive and spec.mode != "auto"
-        self.k = min(self.hi, 8) if self.adaptive else self.hi
+        self.k = min(self.hi, ADAPTIVE_K_START) if self.adaptive else self.hi
 
     def update(self, n_draft: int, n_accept: int) -> None:
         if not self.adaptive or n_draft == 0:

@@ -38,6 +38,7 @@ from localspec.core.config import SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
 from localspec.core.drafters.model import DraftBatch
 from localspec.core.engine import Round, Token
+from localspec.core.tuning import PREFILL_RESERVE
 from localspec.core.runtime import make_drafter
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.metrics import Metrics
@@ -246,7 +247,7 @@ class Scheduler:
         n_batch = self.target.n_batch
         decoding = [a for a in self.active if not a.state.prefilling]
         prefilling = [a for a in self.active if a.state.prefilling]
-        reserve = min(self.cfg.prefill_chunk, 64) if prefilling else 0
+        reserve = min(self.cfg.prefill_chunk, PREFILL_RESERVE) if prefilling else 0
         k_cap = max(0, (n_batch - reserve) // max(1, len(decoding)) - 1)
         entries: list[tuple[int, list[int], int]] = []
         owners: list[_Active] = []

@@ -30,6 +30,7 @@ from localspec.core.backend.placement import LoadInfo, placement
 from localspec.core.backend.prefix import PrefixCache
 from localspec.core.config import ModelConfig
 from localspec.core.errors import BackendError, ContextFull
+from localspec.core.tuning import N_BATCH
 
 
 class Detokenizer:
@@ -100,8 +101,8 @@ class Model(PrefixCache, Owned):
     def _new_context(self, n_threads: int) -> object:
         cparams = _ll.llama_context_default_params()
         cparams.n_ctx = self.cfg.n_ctx
-        cparams.n_batch = min(self.cfg.n_ctx, 512)
-        cparams.n_ubatch = min(self.cfg.n_ctx, 512)
+        cparams.n_batch = min(self.cfg.n_ctx, N_BATCH)
+        cparams.n_ubatch = min(self.cfg.n_ctx, N_BATCH)
         cparams.n_seq_max = self.cfg.n_seq_max
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads

@@ -10,6 +10,7 @@ from localspec.core import rpc
 from localspec.core.backend.ggml import device_name, max_devices, offload_handles
 from localspec.core.config import ModelConfig
 from localspec.core.errors import UsageError
+from localspec.core.tuning import ALL_LAYERS
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def placement(cfg: ModelConfig, mparams: object) -> tuple[int, tuple[str, ...], 
         raise UsageError(
             f"--tensor-split has {len(cfg.tensor_split)} entries, but {len(devs)} devices take "
             f"offloaded layers here ({', '.join(names) or 'none: no GPU and no --rpc'})")
-    n_gpu = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else (999 if devs else 0)
+    n_gpu = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else (ALL_LAYERS if devs else 0)
     mparams.n_gpu_layers = n_gpu
     keep: list = []
     if remote:  # workers are not registered ggml devices: llama.cpp gets the list itself

@@ -46,12 +46,13 @@ from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
 from localspec.core.drafters.costs import CostModel, best_k, grid_sizes
 from localspec.core.drafters.memory import MemoryDrafter
 from localspec.core.drafters.runs import RunModel
+from localspec.core.tuning import AUTO_DRAFT_MAX
 from localspec.models.profile import Profile
 
 __all__ = ["AcceptModel", "AutoDrafter", "CostModel", "best_k", "expected_tokens"]
 
-DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
-SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
+ACCEPT_DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
+ACCEPT_SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
 EXPLORE_EVERY = 64  # rounds between probes of a draft model the policy has written off
 EXPLORE_MIN = 4  # ... at least, while probes keep coming back fully accepted (each one
 # halves the wait, a miss doubles it): evidence that it pays arrives in tens of rounds
@@ -64,6 +65,9 @@ BUDGET_FREE = 1.0  # ... plus this many one-token times
 TRY_BUDGET = 0.03  # share it may lose against the best measured choice doing so
 MODEL_REACH = 4  # the longest draft-model plan before any run was accepted (then 2x the longest)
 MODEL_K_MAX = 32  # the draft model stops where it is unsure long before this
+MODEL_REACH_GROWTH = 2  # ... a plan reaches this x the longest run accepted so far
+MODEL_PRIOR = 0.6  # a draft model's acceptance before any evidence: most pairs reach it on code
+PROBE_K = 2  # tokens a probe drafts: enough to learn from, little to lose
 
 
 class AcceptModel:
@@ -77,15 +81,15 @@ class AcceptModel:
     def rates(self, k: int) -> list[float]:
         out, prev = [], self.prior
         for i in range(k):
-            prev = (self.accepted[i] + SMOOTH * prev) / (self.reached[i] + SMOOTH)
+            prev = (self.accepted[i] + ACCEPT_SMOOTH * prev) / (self.reached[i] + ACCEPT_SMOOTH)
             out.append(prev)
         return out
 
     def decay(self) -> None:
         """A new observation begins: older ones weigh less."""
         for i in range(len(self.reached)):
-            self.reached[i] *= DECAY
-            self.accepted[i] *= DECAY
+            self.reached[i] *= ACCEPT_DECAY
+            self.accepted[i] *= ACCEPT_DECAY
 
     def count(self, i: int, accepted: bool) -> None:
         """Position i was reached, and accepted or not."""
@@ -110,7 +114,7 @@ class SpentShare:
     stops where it is unsure (`--draft-p-min`), so a plan of 8 often drafts 3. Measured,
     not derived from acceptance: a draft that goes wrong without stopping costs in full
     here. A plan length not seen yet takes the share of the next shorter one seen (in
-    full, 1.0, below all of them), toward which each mean is pulled by SMOOTH."""
+    full, 1.0, below all of them), toward which each mean is pulled by ACCEPT_SMOOTH."""
 
     def __init__(self) -> None:
         self.weight: dict[int, float] = {}
@@ -118,8 +122,8 @@ class SpentShare:
 
     def observe(self, planned: int, share: float) -> None:
         for k in self.weight:
-            self.weight[k] *= DECAY
-            self.total[k] *= DECAY
+            self.weight[k] *= ACCEPT_DECAY
+            self.total[k] *= ACCEPT_DECAY
         self.weight[planned] = self.weight.get(planned, 0.0) + 1.0
         self.total[planned] = self.total.get(planned, 0.0) + min(1.0, share)
 
@@ -128,7 +132,7 @@ class SpentShare:
         for m in sorted(self.weight):
             if m > k:
                 break
-            out = (self.total[m] + SMOOTH * out) / (self.weight[m] + SMOOTH)
+            out = (self.total[m] + ACCEPT_SMOOTH * out) / (self.weight[m] + ACCEPT_SMOOTH)
         return out
 
 
@@ -144,7 +148,7 @@ class AutoDrafter(DrafterBase):
     name = "auto"
 
     def __init__(self, ngram: Drafter, model: Drafter | None, profile: Profile | None,
-                 k_max: int = 32, learn_costs: bool = True,
+                 k_max: int = AUTO_DRAFT_MAX, learn_costs: bool = True,
                  store: Callable[[dict[int, tuple[float, int]], float], None] | None = None,
                  memory: MemoryDrafter | None = None) -> None:
         self.ngram = ngram
@@ -154,7 +158,7 @@ class AutoDrafter(DrafterBase):
         self.cost = CostModel(profile, k_max, learn=learn_costs)
         self.sizes = grid_sizes(k_max + 1)
         self.runs = RunModel()
-        self.model_acc = AcceptModel(0.6, k_max)
+        self.model_acc = AcceptModel(MODEL_PRIOR, k_max)
         self.model_spent = SpentShare()
         self._model_pays: bool | None = None  # the profile's verdict, when it has one
         if profile is not None and profile.c and profile.vcurve:
@@ -162,7 +166,7 @@ class AutoDrafter(DrafterBase):
             self._model_pays = best_k([OPTIMISTIC] * min(k_max, MODEL_K_MAX), calibrated, profile.c)[0] > 0
         self.store = store  # called at the end of each generation with what it measured
         self.rounds = 0
-        self._model_reach = MODEL_REACH  # longest draft-model plan: twice its longest accepted run
+        self._model_reach = MODEL_REACH  # longest draft-model plan (MODEL_REACH_GROWTH)
         self._explore_every = EXPLORE_EVERY
         self._last_probe = -EXPLORE_EVERY // 2  # the first probe comes half a wait in
         self.lost = 0.0  # one-token times drafting has cost beyond plain decoding's, measured
@@ -219,7 +223,7 @@ class AutoDrafter(DrafterBase):
             elif plan[0] == "none" and self.rounds - self._last_probe >= self._explore_every:
                 # probe: taken although it scores no better, so model_acc can learn; it
                 # reports what the acceptance model expects of it, as a probe
-                kk = min(2, k)
+                kk = min(PROBE_K, k)
                 self._last_probe = self.rounds
                 plan = ("model", kk, expected_tokens(self.model_acc.rates(kk)), True)
         self._last = plan
@@ -323,7 +327,7 @@ class AutoDrafter(DrafterBase):
             c = self.cost.c()
             self.model_spent.observe(planned, (self.cost.v(n_draft + 1) + n_draft * c)
                                      / (self.cost.v(planned + 1) + planned * c))
-            self._model_reach = max(self._model_reach, 2 * n_accept)
+            self._model_reach = max(self._model_reach, MODEL_REACH_GROWTH * n_accept)
             self.cost.observe_draft(n_draft, draft_s)
         row = self.choices.setdefault((source, n_draft, probe), [0, 0.0, 0.0])
         row[0] += 1

@@ -30,6 +30,9 @@ MIN_SEEN = 1  # verify times at a batch size before it counts as measured (one i
 STEADY = 3  # ... before it is the one-token time everything is relative to, or rescales
 # the sizes around it
 DIP = 0.05  # a measured size between GRID's this far below their chord is a cheap point
+REBUILD_MOVE = 0.01  # a median moving less than this share leaves the tables as they are
+DRAFT_TIME_WEIGHT = 0.2  # weight of the newest per-token draft time in its running mean
+C_GUESS = 0.5  # draft/target per-token cost ratio before anything measured it
 JAG = 1.3  # per-token cost at an unmeasured size: at worst this x the nearest measured below
 # verify sizes auto drafts for: dense where CPU kernels switch, sparser where V is smooth
 GRID = (*range(1, 11), 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
@@ -104,15 +107,16 @@ class CostModel:
             t.append(seconds)
             old, new = self._median.get(n), statistics.median(t)
             self._median[n] = new
-            # rebuild when a size is first timed, settles, or its median moves by 1%
-            if old is None or len(t) == STEADY or abs(new - old) > 0.01 * old:
+            # rebuild when a size is first timed, settles, or its median moves
+            if old is None or len(t) == STEADY or abs(new - old) > REBUILD_MOVE * old:
                 self._tables = None
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         if n_tokens:
             per = seconds / n_tokens
             old = self.draft_token_s
-            self.draft_token_s = per if old is None else 0.8 * old + 0.2 * per
+            self.draft_token_s = per if old is None else ((1.0 - DRAFT_TIME_WEIGHT) * old
+                                                          + DRAFT_TIME_WEIGHT * per)
 
     def seconds(self, n: int, min_seen: int = MIN_SEEN) -> float | None:
         """Median measured verify time for n tokens, once there are min_seen rounds."""
@@ -222,7 +226,7 @@ class CostModel:
         t1 = (self.t1() if self.learn else None) or self.t_token_s
         if self.draft_token_s and t1:
             return self.draft_token_s / t1
-        return self.c_model if self.c_model is not None else 0.5
+        return self.c_model if self.c_model is not None else C_GUESS
 
     def measured(self) -> dict[int, tuple[float, int]]:
         """{n: (V(n), verify rounds)} for every size this run measured: what a profile

@@ -37,12 +37,12 @@ PRIOR = (0.2, 0.35, 0.5, 0.6, 0.75, 0.85, 0.9, 0.93, 0.95, 0.96, 0.97, 0.97, 0.9
 COPY_PRIOR = (0.5, 0.6, 0.65, 0.8, 0.85, 0.9, 0.93, 0.94, 0.95, 0.96, 0.96, 0.97, 0.98,
               0.985, 0.99, 0.99, 0.995, 0.995)
 AGE_CAP = 1024  # ages beyond this fall in the last bin
-DECAY = 0.97  # per run reaching a bin: the last few dozen runs at each age decide
-SMOOTH = 2.0  # pseudo-runs at the prior's acceptance in each bin
+OPEN_BIN_WIDTH = 64  # the last bin is open: its prior weighs as if it were this wide
+RUN_DECAY = 0.97  # per run reaching a bin: the last few dozen runs at each age decide
+RUN_SMOOTH = 2.0  # pseudo-runs at the prior's acceptance in each bin
 _BIN = np.clip(np.searchsorted(EDGES, np.arange(AGE_CAP + 1), side="right") - 1, 0, None)
-# a bin's weight of prior evidence, in tokens: SMOOTH runs crossing its width (the last
-# bin is open: counted as 64 wide)
-_PSEUDO = SMOOTH * np.diff([*EDGES, EDGES[-1] + 64])
+# a bin's weight of prior evidence, in tokens: RUN_SMOOTH runs crossing its width
+_PSEUDO = RUN_SMOOTH * np.diff([*EDGES, EDGES[-1] + OPEN_BIN_WIDTH])
 
 
 class _Track:
@@ -76,7 +76,7 @@ class RunModel:
             self.prior, self._est = prior, None
 
     def estimates(self) -> np.ndarray:
-        """a(t) per age bin: the counts plus SMOOTH runs' worth of the prior in each bin
+        """a(t) per age bin: the counts plus RUN_SMOOTH runs' worth of the prior in each bin
         (evidence is weighed in runs, not tokens: one run through a 64-token bin without
         a break says little about a 1% hazard), then made non-decreasing in age (pool
         adjacent violators): a run that has held longer is not more likely to break, so
@@ -125,8 +125,8 @@ class RunModel:
             for p in range(max(self.seen, t.pos + t.done), min(n, t.pos + len(t.tokens))):
                 b = _BIN[min(t.age + p - t.pos, AGE_CAP)]
                 if b != t.bin:  # a run enters this bin: older runs' counts there weigh less
-                    self.reached[b] *= DECAY
-                    self.accepted[b] *= DECAY
+                    self.reached[b] *= RUN_DECAY
+                    self.accepted[b] *= RUN_DECAY
                     t.bin = b
                 hit = context[p] == t.tokens[p - t.pos]
                 self.reached[b] += 1.0
