@@ -18,3 +18,56 @@ ALL_LAYERS = 999  # -ngl for "every layer": llama.cpp's idiom, more than any mod
 
 # --- the server -----------------------------------------------------------------------
 PREFILL_RESERVE = 64  # batch tokens a step keeps for prompts being prefilled beside drafts
+
+# --- auto: the policy (core/drafters/auto.py) ----------------------------------------
+ACCEPT_DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
+ACCEPT_SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
+EXPLORE_EVERY = 64  # rounds between probes of a draft model the policy has written off
+EXPLORE_MIN = 4  # ... at least, while probes keep coming back fully accepted (each one
+# halves the wait, a miss doubles it): evidence that it pays arrives in tens of rounds
+MARGIN = 0.05  # expected gain over plain decoding below which auto does not draft
+MIN_EXTRA = 0.1  # ... nor below this many expected extra tokens a round: on a flat (GPU)
+# curve a 1-in-20 guess "pays" 5% by estimate, within the noise of both estimates
+OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
+BUDGET = 0.015  # share of plain decoding's time auto may lose to it trying unmeasured sizes
+BUDGET_FREE = 1.0  # ... plus this many one-token times
+TRY_BUDGET = 0.03  # share it may lose against the best measured choice doing so
+MODEL_REACH = 4  # the longest draft-model plan before any run was accepted (then 2x the longest)
+MODEL_K_MAX = 32  # the draft model stops where it is unsure long before this
+MODEL_REACH_GROWTH = 2  # ... a plan reaches this x the longest run accepted so far
+MODEL_PRIOR = 0.6  # a draft model's acceptance before any evidence: most pairs reach it on code
+PROBE_K = 2  # tokens a probe drafts: enough to learn from, little to lose
+
+# --- auto: what verifying costs (core/drafters/costs.py) ------------------------------
+WINDOW = 15  # recent verify times kept per batch size (their median is the estimate)
+MIN_SEEN = 1  # verify times at a batch size before it counts as measured (one is within
+# the noise of a shared machine, ~15%, which the JAG allowance above a measured size covers)
+STEADY = 3  # ... before it is the one-token time everything is relative to, or rescales
+# the sizes around it
+DIP = 0.05  # a measured size between GRID's this far below their chord is a cheap point
+REBUILD_MOVE = 0.01  # a median moving less than this share leaves the tables as they are
+DRAFT_TIME_WEIGHT = 0.2  # weight of the newest per-token draft time in its running mean
+C_GUESS = 0.5  # draft/target per-token cost ratio before anything measured it
+JAG = 1.3  # per-token cost at an unmeasured size: at worst this x the nearest measured below
+# verify sizes auto drafts for: dense where CPU kernels switch, sparser where V is smooth
+GRID = (*range(1, 11), 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+        160, 192, 224, 256, 320, 384, 448, 512)
+
+# --- auto: how long copied runs last (core/drafters/runs.py) --------------------------
+# first age of each bin, and the prior acceptance there: a little below what the built-in
+# workloads measure (1-4 token matches in prompts: 0.22, 0.45, 0.6, 0.75), since a low
+# prior costs a few plain rounds before the evidence lifts it and a high one costs
+# failed verifies
+EDGES = (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385)
+PRIOR = (0.2, 0.35, 0.5, 0.6, 0.75, 0.85, 0.9, 0.93, 0.95, 0.96, 0.97, 0.97, 0.98,
+         0.985, 0.99, 0.99, 0.995, 0.995)
+# ... where the generation is expected to copy a given text (an edit's file, a request's
+# `prediction`): a little below what the built-in edits measure in hindsight (ages 3-4:
+# 0.68, 0.87; 5-8: 0.89-0.95; 9-32: 0.95-0.99; 33-64: 0.96; beyond: 0.99). A copy breaks
+# where the edit changes something, and otherwise holds from its first tokens on
+COPY_PRIOR = (0.5, 0.6, 0.65, 0.8, 0.85, 0.9, 0.93, 0.94, 0.95, 0.96, 0.96, 0.97, 0.98,
+              0.985, 0.99, 0.99, 0.995, 0.995)
+AGE_CAP = 1024  # ages beyond this fall in the last bin
+OPEN_BIN_WIDTH = 64  # the last bin is open: its prior weighs as if it were this wide
+RUN_DECAY = 0.97  # per run reaching a bin: the last few dozen runs at each age decide
+RUN_SMOOTH = 2.0  # pseudo-runs at the prior's acceptance in each bin

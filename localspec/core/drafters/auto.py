@@ -46,28 +46,27 @@ from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
 from localspec.core.drafters.costs import CostModel, best_k, grid_sizes
 from localspec.core.drafters.memory import MemoryDrafter
 from localspec.core.drafters.runs import RunModel
-from localspec.core.tuning import AUTO_DRAFT_MAX
+from localspec.core.tuning import (
+    ACCEPT_DECAY,
+    ACCEPT_SMOOTH,
+    AUTO_DRAFT_MAX,
+    BUDGET,
+    BUDGET_FREE,
+    EXPLORE_EVERY,
+    EXPLORE_MIN,
+    MARGIN,
+    MIN_EXTRA,
+    MODEL_K_MAX,
+    MODEL_PRIOR,
+    MODEL_REACH,
+    MODEL_REACH_GROWTH,
+    OPTIMISTIC,
+    PROBE_K,
+    TRY_BUDGET,
+)
 from localspec.models.profile import Profile
 
 __all__ = ["AcceptModel", "AutoDrafter", "CostModel", "best_k", "expected_tokens"]
-
-ACCEPT_DECAY = 0.98  # per observation: old traffic fades, recent traffic decides
-ACCEPT_SMOOTH = 2.0  # pseudo-counts pulling a_i toward a_{i-1}
-EXPLORE_EVERY = 64  # rounds between probes of a draft model the policy has written off
-EXPLORE_MIN = 4  # ... at least, while probes keep coming back fully accepted (each one
-# halves the wait, a miss doubles it): evidence that it pays arrives in tens of rounds
-MARGIN = 0.05  # expected gain over plain decoding below which auto does not draft
-MIN_EXTRA = 0.1  # ... nor below this many expected extra tokens a round: on a flat (GPU)
-# curve a 1-in-20 guess "pays" 5% by estimate, within the noise of both estimates
-OPTIMISTIC = 0.9  # acceptance a model draft reaches at best on easy text
-BUDGET = 0.015  # share of plain decoding's time auto may lose to it trying unmeasured sizes
-BUDGET_FREE = 1.0  # ... plus this many one-token times
-TRY_BUDGET = 0.03  # share it may lose against the best measured choice doing so
-MODEL_REACH = 4  # the longest draft-model plan before any run was accepted (then 2x the longest)
-MODEL_K_MAX = 32  # the draft model stops where it is unsure long before this
-MODEL_REACH_GROWTH = 2  # ... a plan reaches this x the longest run accepted so far
-MODEL_PRIOR = 0.6  # a draft model's acceptance before any evidence: most pairs reach it on code
-PROBE_K = 2  # tokens a probe drafts: enough to learn from, little to lose
 
 
 class AcceptModel:

@@ -22,21 +22,18 @@ from collections import deque
 
 import numpy as np
 
+from localspec.core.tuning import (
+    C_GUESS,
+    DIP,
+    DRAFT_TIME_WEIGHT,
+    GRID,
+    JAG,
+    MIN_SEEN,
+    REBUILD_MOVE,
+    STEADY,
+    WINDOW,
+)
 from localspec.models.profile import Profile
-
-WINDOW = 15  # recent verify times kept per batch size (their median is the estimate)
-MIN_SEEN = 1  # verify times at a batch size before it counts as measured (one is within
-# the noise of a shared machine, ~15%, which the JAG allowance above a measured size covers)
-STEADY = 3  # ... before it is the one-token time everything is relative to, or rescales
-# the sizes around it
-DIP = 0.05  # a measured size between GRID's this far below their chord is a cheap point
-REBUILD_MOVE = 0.01  # a median moving less than this share leaves the tables as they are
-DRAFT_TIME_WEIGHT = 0.2  # weight of the newest per-token draft time in its running mean
-C_GUESS = 0.5  # draft/target per-token cost ratio before anything measured it
-JAG = 1.3  # per-token cost at an unmeasured size: at worst this x the nearest measured below
-# verify sizes auto drafts for: dense where CPU kernels switch, sparser where V is smooth
-GRID = (*range(1, 11), 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
-        160, 192, 224, 256, 320, 384, 448, 512)
 
 
 def grid_sizes(n_max: int) -> list[int]:

@@ -23,23 +23,16 @@ from __future__ import annotations
 
 import numpy as np
 
-# first age of each bin, and the prior acceptance there: a little below what the built-in
-# workloads measure (1-4 token matches in prompts: 0.22, 0.45, 0.6, 0.75), since a low
-# prior costs a few plain rounds before the evidence lifts it and a high one costs
-# failed verifies
-EDGES = (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385)
-PRIOR = (0.2, 0.35, 0.5, 0.6, 0.75, 0.85, 0.9, 0.93, 0.95, 0.96, 0.97, 0.97, 0.98,
-         0.985, 0.99, 0.99, 0.995, 0.995)
-# ... where the generation is expected to copy a given text (an edit's file, a request's
-# `prediction`): a little below what the built-in edits measure in hindsight (ages 3-4:
-# 0.68, 0.87; 5-8: 0.89-0.95; 9-32: 0.95-0.99; 33-64: 0.96; beyond: 0.99). A copy breaks
-# where the edit changes something, and otherwise holds from its first tokens on
-COPY_PRIOR = (0.5, 0.6, 0.65, 0.8, 0.85, 0.9, 0.93, 0.94, 0.95, 0.96, 0.96, 0.97, 0.98,
-              0.985, 0.99, 0.99, 0.995, 0.995)
-AGE_CAP = 1024  # ages beyond this fall in the last bin
-OPEN_BIN_WIDTH = 64  # the last bin is open: its prior weighs as if it were this wide
-RUN_DECAY = 0.97  # per run reaching a bin: the last few dozen runs at each age decide
-RUN_SMOOTH = 2.0  # pseudo-runs at the prior's acceptance in each bin
+from localspec.core.tuning import (
+    AGE_CAP,
+    COPY_PRIOR,
+    EDGES,
+    OPEN_BIN_WIDTH,
+    PRIOR,
+    RUN_DECAY,
+    RUN_SMOOTH,
+)
+
 _BIN = np.clip(np.searchsorted(EDGES, np.arange(AGE_CAP + 1), side="right") - 1, 0, None)
 # a bin's weight of prior evidence, in tokens: RUN_SMOOTH runs crossing its width
 _PSEUDO = RUN_SMOOTH * np.diff([*EDGES, EDGES[-1] + OPEN_BIN_WIDTH])
