@@ -412,7 +412,7 @@ def test_run_model_long_runs_are_trusted_and_broken_ones_are_not():
     # 3-token match survives 16 tokens where runs held 200, not where they broke every 10
     assert math.prod(steady.rates(100, 64)) > 0.5
     assert math.prod(steady.rates(3, 16)) > 0.6 and math.prod(choppy.rates(3, 16)) < 0.25
-    est = steady.estimates()
+    est = steady.estimate().by_bin
     assert all(a <= b + 1e-12 for a, b in zip(est, est[1:]))  # never less sure of an older run
 
 

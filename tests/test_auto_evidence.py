@@ -8,7 +8,7 @@ from dataclasses import replace
 from fakes import FakeModel
 from test_auto import _NoMatch
 
-from localspec.core.drafters.auto import AcceptModel, AutoDrafter, SpentShare, expected_tokens
+from localspec.core.drafters.auto import AcceptModel, AutoDrafter, Plan, SpentShare, expected_tokens
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.costs import CostModel
 from localspec.core.drafters.ngram import NgramDrafter
@@ -194,9 +194,9 @@ def test_a_failed_trial_does_not_lock_auto_out_of_sizes_it_has_timed():
     auto.begin(prompt)
     for _ in range(3):
         auto.observe(0, 0, 0.1, 0.0)
-    auto._last = ("ngram", 5, 5.0, False)
+    auto._last = Plan("ngram", 5, 5.0)
     auto.observe(5, 5, 0.21, 0.0)
-    auto._last = ("ngram", 27, 15.8, False)
+    auto._last = Plan("ngram", 27, 15.8)
     auto.observe(27, 2, 1.75, 0.0)
     assert auto.deficit() > 0 and not auto._affordable(6, 5.0, 0.0, 1.0)
     context = [*prompt, *text[:120]]  # the reply has copied 120 tokens of the text

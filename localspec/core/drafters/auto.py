@@ -39,11 +39,13 @@ the memory model's, learned in hindsight like the n-gram's, and they cost no dra
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
-from localspec.core.drafters.costs import CostModel, best_k, grid_sizes
+from localspec.core.drafters.costs import Choice, CostModel, best_k, grid_sizes
 from localspec.core.drafters.memory import MemoryDrafter
 from localspec.core.drafters.runs import RunModel
 from localspec.core.tuning import (
@@ -66,7 +68,7 @@ from localspec.core.tuning import (
 )
 from localspec.models.profile import Profile
 
-__all__ = ["AcceptModel", "AutoDrafter", "CostModel", "best_k", "expected_tokens"]
+__all__ = ["AcceptModel", "AutoDrafter", "Choice", "CostModel", "Plan", "best_k", "expected_tokens"]
 
 
 class AcceptModel:
@@ -135,6 +137,35 @@ class SpentShare:
         return out
 
 
+class Plan(NamedTuple):
+    """One round's choice: which drafter drafts how many tokens, and what it promises."""
+
+    source: str = "none"  # "ngram", "model", or "none" (plain decoding)
+    k: int = 0
+    expected: float = 1.0  # tokens the round is expected to yield
+    probe: bool = False  # a look at a written-off draft model, taken although it scores no better
+
+
+PLAIN = Plan()
+
+
+class Drafted(NamedTuple):
+    """What a round drafted, as `report` counts it."""
+
+    source: str
+    k: int  # tokens drafted (a draft model may stop short of its plan)
+    probe: bool
+
+
+@dataclass
+class Tally:
+    """The rounds of one kind, and the tokens they were expected to and did yield."""
+
+    rounds: int = 0
+    expected: float = 0.0
+    realised: float = 0.0
+
+
 def expected_tokens(rates: Sequence[float]) -> float:
     """E = 1 + sum_j prod_{i<=j} a_i: tokens a round yields drafting len(rates) tokens."""
     return 1.0 + float(np.cumprod(rates).sum())
@@ -162,7 +193,7 @@ class AutoDrafter(DrafterBase):
         self._model_pays: bool | None = None  # the profile's verdict, when it has one
         if profile is not None and profile.c and profile.vcurve:
             calibrated = CostModel(profile, k_max, learn=False)
-            self._model_pays = best_k([OPTIMISTIC] * min(k_max, MODEL_K_MAX), calibrated, profile.c)[0] > 0
+            self._model_pays = best_k([OPTIMISTIC] * min(k_max, MODEL_K_MAX), calibrated, profile.c).k > 0
         self.store = store  # called at the end of each generation with what it measured
         self.rounds = 0
         self._model_reach = MODEL_REACH  # longest draft-model plan (MODEL_REACH_GROWTH)
@@ -173,9 +204,8 @@ class AutoDrafter(DrafterBase):
         self.tried = 0.0  # one-token times trying unmeasured sizes cost beyond the best measured choice
         self._best_known = 1.0  # the best measured choice's rate when this round was chosen
         self._trying = False  # this round verifies a size not measured before
-        # (source, k, probe) -> [rounds, expected tokens, realised tokens]
-        self.choices: dict[tuple[str, int, bool], list[float]] = {}
-        self._last = ("none", 0, 1.0, False)  # (source, k, expected tokens, probe)
+        self.tally: dict[Drafted, Tally] = {}
+        self._last = PLAIN  # this round's plan, for `observe`
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.runs.reset(len(prompt), copying=self.ngram.copying)
@@ -195,59 +225,67 @@ class AutoDrafter(DrafterBase):
             constrain(self.model, grammar)
 
     def draft(self, context: Sequence[int], k: int) -> Draft:
+        """One round: score earlier n-gram candidates in hindsight, plan, draft the plan."""
         self.rounds += 1
         k = min(k, self.k_max)
         self.runs.settle(context)  # score earlier candidates against what the target produced
         found = self.ngram.draft(context, k)
-        if found.tokens:
-            age = self.runs.offer(len(context), found.tokens, max(found.run_len, found.match_len))
-        plan = ("none", 0, 1.0, False)  # (source, k, expected tokens, probe)
-        # drafting must beat plain decoding by a margin: where the gain is within the
-        # noise of the cost and acceptance estimates, plain decoding is the safe bet
-        best_rate = (1.0 + MARGIN) / self.cost.v(1)
-        if found.tokens:
-            kk, exp, rate = self.choose(self.runs.rates(age, len(found.tokens)), 0.0)
-            if kk and rate >= best_rate:
-                plan, best_rate = ("ngram", kk, exp, False), rate
         recalled = self.memory.draft(context, k) if self.memory is not None else None
-        if recalled is not None and recalled.tokens:  # weighed by its learned acceptance
-            kk, exp, rate = self.choose(self.memory.rates(recalled), 0.0)
-            if kk and rate > best_rate:
-                plan, best_rate = ("memory", kk, exp, False), rate
-        if self.model is not None and self._model_could_pay(k):
-            kk, exp, rate = self.choose(self.model_acc.rates(min(k, MODEL_K_MAX, self._model_reach)), self.cost.c(),
-                                        self.model_spent)
-            if kk and rate >= best_rate and (plan[0] == "none" or rate > best_rate):
-                plan, best_rate = ("model", kk, exp, False), rate
-            elif plan[0] == "none" and self.rounds - self._last_probe >= self._explore_every:
-                # probe: taken although it scores no better, so model_acc can learn; it
-                # reports what the acceptance model expects of it, as a probe
-                kk = min(PROBE_K, k)
-                self._last_probe = self.rounds
-                plan = ("model", kk, expected_tokens(self.model_acc.rates(kk)), True)
+        plan = self._plan(context, k, found, recalled)
         self._last = plan
-        source, kk, _, _ = plan
-        self._trying = bool(kk) and not self.cost.settled(kk + 1)
-        if source == "ngram":
-            return Draft(tokens=found.tokens[:kk], source="ngram", match_len=found.match_len,
+        self._trying = bool(plan.k) and not self.cost.settled(plan.k + 1)
+        if plan.source == "ngram":
+            return Draft(tokens=found.tokens[:plan.k], source="ngram", match_len=found.match_len,
                          run_len=found.run_len)
-        if source == "memory":
-            return Draft(tokens=recalled.tokens[:kk], source="memory", match_len=recalled.match_len,
-                         support=recalled.support[:kk])
-        if source == "model":
-            d = self.model.draft(context, kk)
+        if plan.source == "memory":
+            return Draft(tokens=recalled.tokens[:plan.k], source="memory", match_len=recalled.match_len,
+                         support=recalled.support[:plan.k])
+        if plan.source == "model":
+            d = self.model.draft(context, plan.k)
             d.source = "model"
             return d
         return Draft(source="none")
 
+    def _plan(self, context: Sequence[int], k: int, found: Draft, recalled: Draft | None) -> Plan:
+        """The best-scoring of the n-gram draft, the memory's (`recalled`) and the draft
+        model's, each at its best length; it must beat plain decoding by MARGIN. Else a
+        probe of the draft model when one is due, else plain decoding."""
+        if found.tokens:
+            age = self.runs.offer(len(context), found.tokens, max(found.run_len, found.match_len))
+        plan = PLAIN
+        # drafting must beat plain decoding by a margin: where the gain is within the
+        # noise of the cost and acceptance estimates, plain decoding is the safe bet
+        best_rate = (1.0 + MARGIN) / self.cost.v(1)
+        if found.tokens:
+            ngram = self.choose(self.runs.rates(age, len(found.tokens)), 0.0)
+            if ngram.k and ngram.rate >= best_rate:
+                plan, best_rate = Plan("ngram", ngram.k, ngram.expected), ngram.rate
+        if recalled is not None and recalled.tokens:  # weighed by its learned acceptance
+            memory = self.choose(self.memory.rates(recalled), 0.0)
+            if memory.k and memory.rate > best_rate:
+                plan, best_rate = Plan("memory", memory.k, memory.expected), memory.rate
+        if self.model is None or not self._model_could_pay(k):
+            return plan
+        model = self.choose(self.model_acc.rates(min(k, MODEL_K_MAX, self._model_reach)), self.cost.c(),
+                            self.model_spent)
+        if model.k and model.rate >= best_rate and (plan.source == "none" or model.rate > best_rate):
+            return Plan("model", model.k, model.expected)
+        if plan.source == "none" and self.rounds - self._last_probe >= self._explore_every:
+            # probe: taken although it scores no better, so model_acc can learn; it
+            # reports what the acceptance model expects of it, as a probe
+            self._last_probe = self.rounds
+            kk = min(PROBE_K, k)
+            return Plan("model", kk, expected_tokens(self.model_acc.rates(kk)), probe=True)
+        return plan
+
     def choose(self, rates: Sequence[float], c: float,
-               spent: Callable[[int], float] | None = None) -> tuple[int, float, float]:
-        """(k, expected tokens, rate) for drafts of up to len(rates) tokens: the best
-        measured verify size, or an unmeasured one that may be better still (judged
-        by `hope`) where the budgets cover its worst case; (0, 1, 1 / V(1)) when no
-        draft beats plain decoding by MARGIN. `spent(k)`: the share of a k-token plan's
-        cost it is expected to spend (a draft model's early stops)."""
-        plain = (0, 1.0, 1.0 / self.cost.v(1))
+               spent: Callable[[int], float] | None = None) -> Choice:
+        """The best draft length for drafts of up to len(rates) tokens: the best measured
+        verify size, or an unmeasured one that may be better still (judged by `hope`)
+        where the budgets cover its worst case; k = 0 (plain decoding: 1 token, 1 / V(1))
+        when no draft beats plain decoding by MARGIN. `spent(k)`: the share of a k-token
+        plan's cost it is expected to spend (a draft model's early stops)."""
+        plain = Choice(0, 1.0, 1.0 / self.cost.v(1))
         if not len(rates):
             return plain
         expected = 1.0 + np.cumsum(np.cumprod(rates))  # expected[k - 1] = E(k)
@@ -259,20 +297,21 @@ class AutoDrafter(DrafterBase):
             # rate at a verify time v: scale / (v + drafting), in tokens per one-token time
             scale, drafting = e / (spent(n - 1) if spent is not None else 1.0), (n - 1) * c
             if self.cost.settled(n):
-                known.append((n - 1, e, scale / (self.cost.v(n) + drafting)))
+                known.append(Choice(n - 1, e, scale / (self.cost.v(n) + drafting)))
                 continue
             if self.cost.known(n):  # timed once or twice: at its worst case, no budget
-                known.append((n - 1, e, scale / (self.cost.upper(n) + drafting)))
-            unknown.append((n - 1, e, scale / (self.cost.hope(n) + drafting)))
-        best = max(known, key=lambda o: o[2])
-        self._best_known = best[2]
-        for k, e, rate in sorted(unknown, key=lambda o: -o[2]):
-            if rate <= best[2]:
+                known.append(Choice(n - 1, e, scale / (self.cost.upper(n) + drafting)))
+            unknown.append(Choice(n - 1, e, scale / (self.cost.hope(n) + drafting)))
+        best = max(known, key=lambda o: o.rate)
+        self._best_known = best.rate
+        for option in sorted(unknown, key=lambda o: -o.rate):
+            if option.rate <= best.rate:
                 break
-            if self._affordable(k + 1, e, c, best[2]):
-                best = (k, e, rate)
+            if self._affordable(option.k + 1, option.expected, c, best.rate):
+                best = option
                 break
-        worth = best[2] >= (1.0 + MARGIN + self.deficit()) / self.cost.v(1) and best[1] >= 1.0 + MIN_EXTRA
+        worth = (best.rate >= (1.0 + MARGIN + self.deficit()) / self.cost.v(1)
+                 and best.expected >= 1.0 + MIN_EXTRA)
         return best if worth else plain
 
     def deficit(self) -> float:
@@ -304,11 +343,11 @@ class AutoDrafter(DrafterBase):
         probe per 64 rounds). With a profile that measured the draft, its verdict stands:
         a few lucky round times must not reopen the question."""
         if self._model_pays is None:
-            return best_k([OPTIMISTIC] * max(min(k, MODEL_K_MAX), 1), self.cost, self.cost.c())[0] > 0
+            return best_k([OPTIMISTIC] * max(min(k, MODEL_K_MAX), 1), self.cost, self.cost.c()).k > 0
         return self._model_pays
 
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
-        source, planned, expected, probe = self._last
+        plan = self._last
         t1 = self.cost.t1()
         self.cost.observe_verify(n_draft + 1, verify_s)
         if n_draft and t1:  # what this round cost beyond plain decoding of the same tokens
@@ -317,29 +356,29 @@ class AutoDrafter(DrafterBase):
             if self._trying:  # ... and beyond the best measured choice
                 self.tried += spent - (n_accept + 1) / self._best_known
         self.produced += n_accept + 1
-        if probe and n_draft:  # a probe that came back whole: look again sooner
+        if plan.probe and n_draft:  # a probe that came back whole: look again sooner
             full = n_accept == n_draft
             self._explore_every = (max(EXPLORE_MIN, self._explore_every // 2) if full
                                    else min(EXPLORE_EVERY, 2 * self._explore_every))
-        if source == "model" and n_draft:  # n-gram acceptance is learned in hindsight (runs.py)
-            self.model_acc.observe(n_draft, n_accept, planned)
+        if plan.source == "model" and n_draft:  # n-gram acceptance is learned in hindsight (runs.py)
+            self.model_acc.observe(n_draft, n_accept, plan.k)
             c = self.cost.c()
-            self.model_spent.observe(planned, (self.cost.v(n_draft + 1) + n_draft * c)
-                                     / (self.cost.v(planned + 1) + planned * c))
+            self.model_spent.observe(plan.k, (self.cost.v(n_draft + 1) + n_draft * c)
+                                     / (self.cost.v(plan.k + 1) + plan.k * c))
             self._model_reach = max(self._model_reach, MODEL_REACH_GROWTH * n_accept)
             self.cost.observe_draft(n_draft, draft_s)
-        row = self.choices.setdefault((source, n_draft, probe), [0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += expected
-        row[2] += n_accept + 1
+        row = self.tally.setdefault(Drafted(plan.source, n_draft, plan.probe), Tally())
+        row.rounds += 1
+        row.expected += plan.expected
+        row.realised += n_accept + 1
 
     def report(self) -> dict:
         """How often each (drafter, k) was chosen, expected vs realised tokens per round;
         probes of a written-off draft model ("model:2 probe") apart from its choices."""
         return {
-            f"{src}:{k}" + (" probe" if probe else ""):
-                {"rounds": int(n), "expected": e / n, "realised": r / n}
-            for (src, k, probe), (n, e, r) in sorted(self.choices.items())
+            f"{kind.source}:{kind.k}" + (" probe" if kind.probe else ""):
+                {"rounds": t.rounds, "expected": t.expected / t.rounds, "realised": t.realised / t.rounds}
+            for kind, t in sorted(self.tally.items())
         }
 
     def end(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,25 @@ from localspec.core.tuning import (
     WINDOW,
 )
 from localspec.models.profile import Profile
+
+
+class Choice(NamedTuple):
+    """A draft length and what it promises; k = 0 is plain decoding."""
+
+    k: int
+    expected: float  # tokens the round yields
+    rate: float  # expected tokens per one-token decode time
+
+
+class CostTables(NamedTuple):
+    """What the policy asks of V, for every verify size n (indexed by n; 0 unused)."""
+
+    v: np.ndarray  # the estimate (`CostModel.v`)
+    hope: np.ndarray  # optimistic, to choose which size to try (`CostModel.hope`)
+    upper: np.ndarray  # a worst case (`CostModel.upper`)
+    known: np.ndarray  # measured at all
+    settled: np.ndarray  # measured well enough to act on
+    dips: list[int]  # settled sizes between GRID's well below their chord (`CostModel.dips`)
 
 
 def grid_sizes(n_max: int) -> list[int]:
@@ -93,7 +113,7 @@ class CostModel:
         self.prior_level = np.array([0, *level])  # by n (index 0 unused)
         self.times: dict[int, deque[float]] = {}
         self._median: dict[int, float] = {}
-        self._tables: tuple[np.ndarray, ...] | None = None  # (v, hope, upper, known, settled)
+        self._tables: CostTables | None = None  # built on first use after a change
         self.c_model = profile.c if profile and profile.c else None
         self.t_token_s = profile.t_token_s if profile else None
         self.draft_token_s: float | None = None
@@ -130,10 +150,14 @@ class CostModel:
                    if n > 1 and len(t) >= STEADY and self.prior_level[n] == 2]
         return statistics.median(guesses) if guesses else None
 
-    def _table(self, i: int, n: int) -> float:
+    def tables(self) -> CostTables:
+        """The tables for what has been observed so far."""
         if self._tables is None:
             self._tables = self._build()
-        return self._tables[i][min(max(n, 1), self.n_max)]
+        return self._tables
+
+    def _at(self, n: int) -> int:
+        return min(max(n, 1), self.n_max)
 
     def v(self, n: int) -> float:
         """V(n): this run's median where it has verified n tokens (one round is enough
@@ -141,7 +165,7 @@ class CostModel:
         of this run's times to it, interpolated from the nearest sizes measured now (the
         profile knows where kernels switch: a straight line from V(2) to V(16) would hide
         that V(5) costs half of V(10) on a 2-core CPU); elsewhere as `extend` does."""
-        return float(self._table(0, n))
+        return float(self.tables().v[self._at(n)])
 
     def hope(self, n: int) -> float:
         """An optimistic V(n), to choose which size to try: for one timed once or twice,
@@ -149,22 +173,22 @@ class CostModel:
         good size out for good); for one never timed, the estimate, or less where the
         nearest measured size below would give V(m) * sqrt(n / m) (a concave CPU
         curve's linear extension is too dear to ever be tried)."""
-        return float(self._table(1, n))
+        return float(self.tables().hope[self._at(n)])
 
     def upper(self, n: int) -> float:
         """A worst case for V(n): V(n) where settled, JAG x V(n) where timed once or
         twice; else no better per token than the largest measured size below n (less a
         jag of JAG), and at most n decodes."""
-        return float(self._table(2, n))
+        return float(self.tables().upper[self._at(n)])
 
     def known(self, n: int) -> bool:
         """Measured at all: by tune, by an earlier run, or in this one."""
-        return bool(self._table(3, n))
+        return bool(self.tables().known[self._at(n)])
 
     def settled(self, n: int) -> bool:
         """Measured well enough to act on without a second look: by tune, STEADY rounds
         of earlier runs or of this one (one round time can be 30% off on a busy machine)."""
-        return bool(self._table(4, n))
+        return bool(self.tables().settled[self._at(n)])
 
     def dips(self) -> list[int]:
         """Settled sizes between GRID's whose V lies DIP or more below the straight line
@@ -175,10 +199,9 @@ class CostModel:
         against V(32) 17.9 and V(40) 20.2, the next V(48) at 20.8 and V(56) at 21.4
         against V(40) 22.3 and V(64) 28.2): a dip is used as measured, and once drafted
         for it is timed on-line like any size, so a lucky measurement costs a few rounds."""
-        self._table(0, 1)  # builds the tables
-        return self._dips
+        return self.tables().dips
 
-    def _build(self) -> tuple[np.ndarray, ...]:
+    def _build(self) -> CostTables:
         rounds = np.zeros(self.n_max + 1, dtype=int)
         if self.learn:
             for m, t in self.times.items():
@@ -199,8 +222,7 @@ class CostModel:
         chord = np.interp(np.arange(self.n_max + 1), self._grid, v[self._grid])
         dip = settled & (v < (1.0 - DIP) * chord)
         dip[self._grid] = dip[:2] = False
-        self._dips = [int(m) for m in np.flatnonzero(dip)]
-        return v, hope, upper, known, settled
+        return CostTables(v, hope, upper, known, settled, [int(m) for m in np.flatnonzero(dip)])
 
     def _estimate(self) -> np.ndarray:
         t1 = self.t1()
@@ -236,15 +258,15 @@ class CostModel:
                 if n > 1 and (s := self.seconds(n)) is not None}
 
 
-def best_k(rates, cost: CostModel, c: float) -> tuple[int, float, float]:
-    """(k, expected tokens, expected tokens per one-token time) over every k, on the
-    estimates alone; k = 0 is plain decode. (auto's own choice also weighs risk.)"""
-    best = (0, 1.0, 1.0 / cost.v(1))
+def best_k(rates, cost: CostModel, c: float) -> Choice:
+    """The best k on the estimates alone; k = 0 is plain decode. (auto's own choice also
+    weighs risk.)"""
+    best = Choice(0, 1.0, 1.0 / cost.v(1))
     expected, survive = 1.0, 1.0
     for k, a in enumerate(rates, start=1):
         survive *= a
         expected += survive
         rate = expected / (cost.v(k + 1) + k * c)
-        if rate > best[2]:
-            best = (k, expected, rate)
+        if rate > best.rate:
+            best = Choice(k, expected, rate)
     return best

@@ -21,6 +21,8 @@ being counted twice.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from localspec.core.tuning import (
@@ -36,6 +38,18 @@ from localspec.core.tuning import (
 _BIN = np.clip(np.searchsorted(EDGES, np.arange(AGE_CAP + 1), side="right") - 1, 0, None)
 # a bin's weight of prior evidence, in tokens: RUN_SMOOTH runs crossing its width
 _PSEUDO = RUN_SMOOTH * np.diff([*EDGES, EDGES[-1] + OPEN_BIN_WIDTH])
+
+
+class RunAgeEstimate(NamedTuple):
+    """a(t) = P(the next token still agrees | the run has agreed for t tokens), by age bin."""
+
+    by_bin: np.ndarray  # one rate per bin of EDGES, non-decreasing in age
+
+    def rates(self, age: int, k: int) -> np.ndarray:
+        """Acceptance of each of k drafted tokens, given the ones before, for a draft
+        whose run has agreed for `age` tokens."""
+        ages = np.minimum(np.arange(age, age + k), AGE_CAP)
+        return self.by_bin[_BIN[ages]]
 
 
 class _Track:
@@ -57,7 +71,7 @@ class RunModel:
         self.accepted = np.zeros(len(EDGES))
         self.tracks: list[_Track] = []
         self.seen = 0  # context length already scored
-        self._est: np.ndarray | None = None
+        self._est: RunAgeEstimate | None = None
         self.prior = PRIOR
 
     def reset(self, n_context: int, copying: bool = False) -> None:
@@ -68,7 +82,7 @@ class RunModel:
         if prior is not self.prior:
             self.prior, self._est = prior, None
 
-    def estimates(self) -> np.ndarray:
+    def estimate(self) -> RunAgeEstimate:
         """a(t) per age bin: the counts plus RUN_SMOOTH runs' worth of the prior in each bin
         (evidence is weighed in runs, not tokens: one run through a 64-token bin without
         a break says little about a 1% hazard), then made non-decreasing in age (pool
@@ -84,14 +98,12 @@ class RunModel:
                 while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
                     h2, n2, c2 = blocks.pop()
                     blocks[-1] = [blocks[-1][0] + h2, blocks[-1][1] + n2, blocks[-1][2] + c2]
-            self._est = np.repeat([h / n for h, n, _ in blocks], [c for _, _, c in blocks])
+            self._est = RunAgeEstimate(np.repeat([h / n for h, n, _ in blocks], [c for _, _, c in blocks]))
         return self._est
 
     def rates(self, age: int, k: int) -> np.ndarray:
-        """Acceptance of each of k drafted tokens, given the ones before, for a draft
-        whose run has agreed for `age` tokens."""
-        ages = np.minimum(np.arange(age, age + k), AGE_CAP)
-        return self.estimates()[_BIN[ages]]
+        """RunAgeEstimate.rates, on the current estimate."""
+        return self.estimate().rates(age, k)
 
     def offer(self, pos: int, tokens: list[int], age: int) -> int:
         """A candidate for context position `pos` onwards (drafted or not). Returns its
