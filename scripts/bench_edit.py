@@ -8,7 +8,7 @@ run (V(n), relative to n=1), which decides what a round of k drafted tokens cost
 
 --replay VARIANT replays the plain run's greedy tokens through another drafter and k
 policy (no model: the target's choices are known) and costs each round with V(n), as
-measured in this run or as in DESIGN.md (--v-table design): a way to compare drafters
+measured in this run or as in a reference curve (--v-table reference): a way to compare drafters
 on a busy machine, where only ratios of measured runs are trustworthy.
 
     python scripts/bench_edit.py [--model NAME] [--repeats 1] [--tasks 0,1,2]
@@ -54,7 +54,8 @@ WORKLOADS = Path(__file__).resolve().parent.parent / "localspec" / "workloads"
 GREEDY = SamplingConfig(temperature=0.0)
 
 
-DESIGN_V_MS = {1: 102, 2: 145, 4: 202, 5: 234, 8: 320, 16: 323}  # DESIGN.md: 1.5B, 2 threads
+# the curve the project started from: 1.5B, 2 threads (docs/measurements.md)
+REFERENCE_V_MS = {1: 102, 2: 145, 4: 202, 5: 234, 8: 320, 16: 323}
 # measured on a 2-core AMD EPYC (Zen 3, no AMX) host with scripts' decode loop, quiet machine
 EPYC_V_MS = {1: 93, 2: 137, 3: 173, 4: 210, 5: 251, 6: 275, 8: 458, 10: 531, 12: 592, 15: 576,
              16: 657, 17: 765, 20: 912, 24: 895, 32: 1079}
@@ -256,8 +257,8 @@ def main() -> int:
                     help="extra drafted variant: SpecConfig overrides, e.g. draft_max=15,ngram_max=6")
     ap.add_argument("--replay", action="append", default=[],
                     help="variant to replay on the plain runs' tokens (no model), e.g. mode=copy,adaptive=0")
-    ap.add_argument("--v-table", choices=["measured", "design", "epyc"], default="measured",
-                    help="round cost for --replay: this run's round times, DESIGN.md's V(n), or "
+    ap.add_argument("--v-table", choices=["measured", "reference", "epyc"], default="measured",
+                    help="round cost for --replay: this run's round times, the reference V(n), or "
                          "the one measured on a 2-core AMD EPYC")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the results to this file")
@@ -290,7 +291,7 @@ def main() -> int:
     rows = report(tasks, chosen, variants, results, bodies, path.name)
     measured = print_v_table(timers)
     if args.replay:
-        tables = {"design": DESIGN_V_MS, "epyc": EPYC_V_MS, "measured": measured or DESIGN_V_MS}
+        tables = {"reference": REFERENCE_V_MS, "epyc": EPYC_V_MS, "measured": measured or REFERENCE_V_MS}
         v = v_curve(tables[args.v_table])
         names = [name for name, _ in variants[1:]] + args.replay
         print_replays(target, tasks, chosen, plain_ids, names, v, args.v_table)

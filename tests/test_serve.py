@@ -378,7 +378,7 @@ def test_threshold_from_vcurve_follows_the_cost_curve():
     assert threshold_from_vcurve(flat) == 6  # pays at every batch size the curve covers
     linear = [float(n) for n in range(1, 33)]  # compute-bound from the start
     assert threshold_from_vcurve(linear) == 0
-    cpu = [1.0, 1.42, 1.7, 1.98, 2.29, 2.6, 2.9, 3.14] + [3.17] * 24  # DESIGN.md's 1.5B, 2 cores
+    cpu = [1.0, 1.42, 1.7, 1.98, 2.29, 2.6, 2.9, 3.14] + [3.17] * 24  # a 2-core CPU's, flat past 8
     assert 1 <= threshold_from_vcurve(cpu) <= 6
 
 

@@ -75,10 +75,9 @@ class ChatApp(App):
         Binding("ctrl+q", "quit", "quit", priority=True),
     ]
 
-    # Each screen update costs textual ~15 ms of UI-thread CPU (layout, markdown, the
-    # compositor), taken from llama.cpp's threads on a small machine. Measured with
-    # scripts/bench_chat.py (1.5B, 2 cores): 10 + 4 updates/s slowed decoding by 13.6%,
-    # 4 + 2 by 2.7%.
+    # Each screen update costs UI-thread CPU (layout, markdown, the compositor), taken
+    # from llama.cpp's threads on a small machine: a few updates a second keep the
+    # slowdown small (scripts/bench_chat.py; docs/measurements.md).
     def __init__(self, runner: ChatRunner, *, text_hz: float = 4.0, status_hz: float = 2.0) -> None:
         super().__init__()
         self.runner = runner

@@ -234,7 +234,8 @@ def spec_options(f: Callable) -> Callable:
                      help="llama.cpp's names for --spec: ngram-simple or ngram-map-k (= ngram), "
                           "draft-simple (= model), both (= hybrid), none"),
         click.option("--draft-max", "--draft-n", "--spec-draft-n-max", "draft_max", type=click.IntRange(0, 256),
-                     default=None, help=f"most tokens drafted per round [default: {AUTO_DRAFT_MAX} for auto, else {DRAFT_MAX}]"),
+                     default=None,
+                     help=f"most tokens drafted per round [default: {AUTO_DRAFT_MAX} for auto, else {DRAFT_MAX}]"),
         click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=click.IntRange(0, 256),
                      default=0, show_default=True, help="drafts shorter than this are not verified"),
         click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min",
@@ -296,7 +297,8 @@ def spec_config(kw: dict, has_draft: bool) -> SpecConfig:
     draft_max = kw.pop("draft_max")
     fixed_k = kw.pop("fixed_k")
     return SpecConfig(
-        mode=mode, draft_max=draft_max if draft_max is not None else (AUTO_DRAFT_MAX if mode == "auto" else DRAFT_MAX),
+        mode=mode,
+        draft_max=draft_max if draft_max is not None else (AUTO_DRAFT_MAX if mode == "auto" else DRAFT_MAX),
         draft_min=kw.pop("draft_min"), draft_p_min=kw.pop("draft_p_min"),
         ngram_min=ngram_min, ngram_max=ngram_max,
         adaptive=not fixed_k and mode != "auto",  # auto chooses k itself

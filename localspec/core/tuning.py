@@ -41,7 +41,7 @@ PROBE_K = 2  # tokens a probe drafts: enough to learn from, little to lose
 # --- auto: what verifying costs (core/drafters/costs.py) ------------------------------
 WINDOW = 15  # recent verify times kept per batch size (their median is the estimate)
 MIN_SEEN = 1  # verify times at a batch size before it counts as measured (one is within
-# the noise of a shared machine, ~15%, which the JAG allowance above a measured size covers)
+# a shared machine's noise, which the JAG allowance above a measured size covers)
 STEADY = 3  # ... before it is the one-token time everything is relative to, or rescales
 # the sizes around it
 DIP = 0.05  # a measured size between GRID's this far below their chord is a cheap point
@@ -55,16 +55,14 @@ GRID = (*range(1, 11), 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 
 
 # --- auto: how long copied runs last (core/drafters/runs.py) --------------------------
 # first age of each bin, and the prior acceptance there: a little below what the built-in
-# workloads measure (1-4 token matches in prompts: 0.22, 0.45, 0.6, 0.75), since a low
-# prior costs a few plain rounds before the evidence lifts it and a high one costs
-# failed verifies
+# workloads measure in hindsight (docs/measurements.md), since a low prior costs a few
+# plain rounds before the evidence lifts it and a high one costs failed verifies
 EDGES = (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385)
 PRIOR = (0.2, 0.35, 0.5, 0.6, 0.75, 0.85, 0.9, 0.93, 0.95, 0.96, 0.97, 0.97, 0.98,
          0.985, 0.99, 0.99, 0.995, 0.995)
 # ... where the generation is expected to copy a given text (an edit's file, a request's
-# `prediction`): a little below what the built-in edits measure in hindsight (ages 3-4:
-# 0.68, 0.87; 5-8: 0.89-0.95; 9-32: 0.95-0.99; 33-64: 0.96; beyond: 0.99). A copy breaks
-# where the edit changes something, and otherwise holds from its first tokens on
+# `prediction`): a little below what the built-in edits measure in hindsight. A copy
+# breaks where the edit changes something, and otherwise holds from its first tokens on
 COPY_PRIOR = (0.5, 0.6, 0.65, 0.8, 0.85, 0.9, 0.93, 0.94, 0.95, 0.96, 0.96, 0.97, 0.98,
               0.985, 0.99, 0.99, 0.995, 0.995)
 AGE_CAP = 1024  # ages beyond this fall in the last bin

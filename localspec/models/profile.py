@@ -179,8 +179,8 @@ def store_online_later(setup: Setup, target_name: str, measured: dict[int, tuple
 
 
 def vcurve_sizes(n_max: int) -> list[int]:
-    """The batch sizes tune times: each one up to 9 (kernel switches show up there: on
-    a 2-core AVX2 CPU V(8) is 1.2-1.9 x V(7)), then every 2nd up to 16 and every 4th
-    beyond. The curve need not rise: there, 16 tokens verify faster than 12."""
+    """The batch sizes tune times: each one up to 9 (kernel switches show up there,
+    docs/measurements.md), then every 2nd up to 16 and every 4th beyond. The curve
+    need not rise: on some CPUs 16 tokens verify faster than 12."""
     sizes = [*range(1, min(n_max, 9) + 1), *range(10, min(n_max, 16) + 1, 2), *range(20, n_max + 1, 4)]
     return sizes if sizes[-1] == n_max else [*sizes, n_max]

@@ -9,10 +9,9 @@ if TYPE_CHECKING:
     from localspec.models.profile import Profile
 
 # Speculation stays on while at most this many sequences are active when no calibration
-# profile exists. Measured with `python -m localspec.bench.serve_bench` (1.5B target,
-# n-gram, 2-core CPU): with two or more requests in the batch, speculating decoded
-# slower than not (on/off 0.84x at C=2 on code/json/edit, 0.95x on an edit alone);
-# alone is the case where n-gram speculation is known to pay on CPUs (DESIGN.md).
+# profile exists: on a CPU, n-gram speculation pays for a request alone and decoded
+# slower with two or more in the batch (`python -m localspec.bench.serve_bench`;
+# docs/measurements.md).
 DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE = 1
 PER_SLOT_CTX = 4096  # default context for every slot ...
 MAX_DEFAULT_CTX = 32768  # ... up to this much in all (KV memory grows with it)

@@ -1,39 +1,19 @@
-"""`--spec auto`: each round, pick the drafter and k that maximise expected tokens per
-unit of time, including k = 0 (plain decode) when nothing pays.
+"""`--spec auto`: each round, the drafter (n-gram, memory, draft model) and k that
+maximise expected tokens per unit of time; k = 0, plain decoding, when nothing pays.
 
-  expected tokens  E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i      (a_i: P(accept i | accepted < i))
-  cost             C(k) = V(k + 1) + k * c                   (in one-token decode times)
-  choose           argmax_k E(k) / C(k) over the verify sizes k + 1 of costs.GRID and
-                   the measured curve's dips between them (CostModel.dips); plain
-                   decode scores 1 / V(1) = 1, and a draft must score at least 5% above it
-                   (within that, estimates are noise and plain decoding is the safe bet)
+  E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i   tokens a round yields (a_i: P(accept i | i - 1 accepted))
+  C(k) = V(k + 1) + k c                   its cost in one-token decode times (c: a draft token's)
+  take   argmax_k E(k) / C(k), where it beats plain decoding's 1 / V(1) by MARGIN
 
-V(n) (costs.py) is what this run measures, else what earlier runs stored or `localspec
-tune` measured, else a guess. A verify size nobody has measured is only tried when its
-worst case fits a budget: the time auto has lost to plain decoding so far (measured:
-each drafted round's verify time against the one-token time of the tokens it gave) plus
-the worst case must stay under BUDGET of the time plain decoding would have taken, and
-a size tried once is measured: from then on it is drafted at its worst case (JAG x its
-time) with no budget, so one failed trial cannot keep a run at plain decoding (it would
-have to repay its loss at BUDGET a token: an edit's whole length). Well-accepted long copies are free to try
-(their worst case, n one-token decodes, buys about n tokens), so an edit climbs to long
-drafts in its first rounds, while a prose reply risks at most a percent or two before
-the measurements say whether short drafts pay on this machine. What a run measured is
-handed to `store` at the end (the profile keeps it: the next run starts informed).
-The same measured loss guards measured sizes too: once drafting has lost more than the
-budget, every draft must promise that share more than the margin (`deficit`) until
-plain rounds have paid the loss back, so optimistic acceptance estimates on a text
-cannot keep auto behind plain decoding.
-
-n-gram acceptance comes from runs.py (by how long the copied run has held, learned in
-hindsight from every candidate, drafted or not); the draft model's from its own drafts
-(probed now and then where it could pay at all, sooner while probes come back whole;
-a draft that stops short of its plan counts as ending there, and a plan reaches at most
-twice the longest run it has had accepted: positions never reached are guesses); c is
-its cost ratio, and a plan of k is charged the share of V(k + 1) + k c that plans of k
-have spent (`SpentShare`: the draft model stops where it is unsure). Memory drafts
-(memory.py: earlier outputs) carry their match length and support; their acceptance is
-the memory model's, learned in hindsight like the n-gram's, and they cost no draft time.
+A round (`AutoDrafter.draft`): runs.py scores earlier n-gram candidates against what the
+target produced; each source's best k is chosen (`choose`) over costs.GRID's verify sizes
+and the measured curve's dips; the best source drafts, or a probe of a written-off draft
+model when one is due (`_plan`). After the verify (`observe`): its time goes to costs.py,
+its acceptance to the source's model, what it lost against plain decoding to the budget.
+A verify size nobody measured is tried only where its worst case fits the budget
+(`_affordable`); once drafting has lost more than the budget, every draft must promise
+that much more (`deficit`). What a run measured goes to `store` at its end. The tuning
+constants and their reasons: core/tuning.py.
 """
 
 from __future__ import annotations
@@ -326,7 +306,11 @@ class AutoDrafter(DrafterBase):
     def _affordable(self, n: int, expected: float, c: float, best_rate: float) -> bool:
         """Whether trying unmeasured size n fits both budgets at its worst case: what
         drafting has lost against plain decoding, and what trying sizes has lost
-        against the best measured choice (each round measured, once tried)."""
+        against the best measured choice (each round measured, once tried). A size
+        tried once is measured and from then on weighed at its worst case with no
+        budget, so one failed trial cannot keep a run at plain decoding; a well-accepted
+        long copy fits at once (its worst case, n one-token decodes, buys about n
+        tokens), so an edit climbs to long drafts in its first rounds."""
         if not self.cost.learn:
             return True
         if self.cost.t1() is None:
@@ -339,9 +323,9 @@ class AutoDrafter(DrafterBase):
         """Whether the draft model would pay even at an optimistic acceptance. Where it
         cannot (a CPU whose V(n) grows steeply, a draft that costs a third of the target),
         drafting with it only costs, and so does probing it: each probe re-syncs its KV
-        cache over every token since the last one (~10% of decode time on this CPU at a
-        probe per 64 rounds). With a profile that measured the draft, its verdict stands:
-        a few lucky round times must not reopen the question."""
+        cache over every token since the last one (docs/measurements.md). With a profile
+        that measured the draft, its verdict stands: a few lucky round times must not
+        reopen the question."""
         if self._model_pays is None:
             return best_k([OPTIMISTIC] * max(min(k, MODEL_K_MAX), 1), self.cost, self.cost.c()).k > 0
         return self._model_pays

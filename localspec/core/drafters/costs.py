@@ -163,8 +163,8 @@ class CostModel:
         """V(n): this run's median where it has verified n tokens (one round is enough
         for an estimate); at sizes the profile measured, its shape scaled by the ratio
         of this run's times to it, interpolated from the nearest sizes measured now (the
-        profile knows where kernels switch: a straight line from V(2) to V(16) would hide
-        that V(5) costs half of V(10) on a 2-core CPU); elsewhere as `extend` does."""
+        profile knows where kernels switch, which a straight line between the sizes
+        measured now would hide); elsewhere as `extend` does."""
         return float(self.tables().v[self._at(n)])
 
     def hope(self, n: int) -> float:
@@ -187,18 +187,16 @@ class CostModel:
 
     def settled(self, n: int) -> bool:
         """Measured well enough to act on without a second look: by tune, STEADY rounds
-        of earlier runs or of this one (one round time can be 30% off on a busy machine)."""
+        of earlier runs or of this one (one round time on a busy machine is not enough)."""
         return bool(self.tables().settled[self._at(n)])
 
     def dips(self) -> list[int]:
         """Settled sizes between GRID's whose V lies DIP or more below the straight line
         between the GRID sizes around them, ascending: a jagged CPU curve's cheap points,
         which auto weighs besides GRID's sizes. A smooth curve has none, so its choices
-        stay on GRID. On this project's 2-core EPYC the fine structure moves between
-        measurements (after a 600-token context one put V(36) at 16.8 one-token times
-        against V(32) 17.9 and V(40) 20.2, the next V(48) at 20.8 and V(56) at 21.4
-        against V(40) 22.3 and V(64) 28.2): a dip is used as measured, and once drafted
-        for it is timed on-line like any size, so a lucky measurement costs a few rounds."""
+        stay on GRID. Where the dips lie can move between measurements of one machine
+        (docs/measurements.md): a dip is used as measured, and once drafted for it is
+        timed on-line like any size, so a lucky measurement costs a few rounds."""
         return self.tables().dips
 
     def _build(self) -> CostTables:

@@ -5,12 +5,11 @@ An n-gram draft copies what followed an earlier occurrence of the context's suff
 *age* is how many tokens before the draft already agree with that source (the matched
 suffix, extended backwards). A run that has held for 200 tokens (an edit copying an
 unchanged function) is very likely to hold for the next one; a 2-token match in prose is
-not: on held-out edits a copy breaks 10-20% of the time in its first 8 tokens and 1-3%
-after 24. So the model is a hazard by age: a(t) = P(the next token still agrees | the
-run has agreed for t tokens), in log-spaced age bins; the i-th token of a draft of age
-A is accepted with a(A + i), given the ones before it were. Counts in a bin fade as
-new runs reach it (the last few dozen runs at each age decide): a rare age keeps its
-evidence as long as a common one.
+not (docs/measurements.md: how often copies break by age). So the model is a hazard by
+age: a(t) = P(the next token still agrees | the run has agreed for t tokens), in
+log-spaced age bins; the i-th token of a draft of age A is accepted with a(A + i),
+given the ones before it were. Counts in a bin fade as new runs reach it (the last few
+dozen runs at each age decide): a rare age keeps its evidence as long as a common one.
 
 Counts come from hindsight: every candidate the n-gram drafter offers, drafted or not,
 is followed against the tokens the target goes on to produce, one position at a time,
