@@ -264,3 +264,25 @@ def test_chat_template_kwargs_reach_the_template(smol):
     assert chat_prompt(_Template(smol), protocol.parse_chat(body))[0] == "plain:q"
     body.pop("chat_template_kwargs")  # llama-server's default: enable_thinking true
     assert chat_prompt(_Template(smol), protocol.parse_chat(body))[0] == "thinking:q"
+
+
+def test_infill_prompt_is_llama_servers_layout(qwen_draft):
+    from localspec.serve.infill import infill_prompt
+    from localspec.serve.llamacpp_schema import InfillBody
+
+    m = qwen_draft
+    fim = m.fim_tokens()
+    tok = lambda s: m.tokenize(s, add_special=False, parse_special=False)
+    body = InfillBody.model_validate({"input_prefix": "def f(x):\n", "input_suffix": "\nprint(f(1))\n",
+                                      "prompt": "    ", "input_extra": [{"filename": "a.py", "text": "A = 1\n"}]})
+    want = [fim["rep"], *tok("myproject\n"), fim["sep"], *tok("a.py\n"), *tok("A = 1\n"),
+            fim["sep"], *tok("filename\n"), fim["pre"], *tok("def f(x):\n"), *m.tokenize("    ", False, True),
+            fim["suf"], *tok("\nprint(f(1))\n"), fim["mid"]]
+    assert infill_prompt(m, body, n_batch=2048, n_ctx=4096, n_predict=128) == want
+    # the windows: the prefix keeps its end (3/4 of a batch), the suffix its start, the
+    # extra chunks what the context leaves (none here), newest last
+    short = infill_prompt(m, body, n_batch=16, n_ctx=16 + 2 * 128, n_predict=128)
+    pre = short.index(fim["pre"])
+    assert short[:pre] == [] and short[pre + 1 : short.index(fim["suf"])][-1:] == m.tokenize("    ", False, True)[-1:]
+    typed = m.tokenize("    ", False, True)
+    assert len(short[short.index(fim["suf"]) + 1 : -1]) == min(len(tok("\nprint(f(1))\n")), 16 // 4 - 2 - len(typed))
