@@ -138,6 +138,9 @@ def test_llama_vscode_request_and_the_warm_up_requests(qwen):
                                   "samplers": [], "cache_prompt": True, "t_max_prompt_ms": 1,
                                   "t_max_predict_ms": 1, "response_fields": [""], "id_slot": 0})
     assert warm.status_code == 200 and warm.json() == {}
+    quiet = post(qwen, "/infill", {"input_prefix": "", "input_suffix": "", "input_extra": EXTRA * 3,
+                                   "n_predict": 0}).json()
+    assert quiet["content"] == "" and quiet["tokens_predicted"] == 0 and quiet["timings"]["predicted_n"] == 0
     again = post(qwen, "/infill", llama_vscode(input_extra=EXTRA * 3, n_predict=4)).json()
     assert again["timings"]["cache_n"] > 20  # the warmed extra context was not prefilled again
 

@@ -93,6 +93,17 @@ def pick_fields(paths: list[str], body: dict) -> dict:
     return out
 
 
+def _budget(b: NativeBody, default: int, limit: int) -> int:
+    """The tokens a request may generate: n_predict (or max_tokens), -1 the server's
+    default (-n; <= 0 there: the limit), never past --max-tokens-limit; 0 caches the
+    prompt and generates nothing."""
+    asked = b.n_predict if b.max_tokens is None else b.max_tokens
+    if asked == 0:
+        return 0
+    n = asked if asked > 0 else default if default > 0 else limit
+    return min(n, limit)
+
+
 class Native:
     def __init__(self, api: _Api) -> None:
         self.api = api
@@ -196,9 +207,9 @@ class Native:
             for part in (b.input_prefix, b.input_suffix):
                 self._check_ids(part if isinstance(part, list) else [], "input_prefix")
             t = self.api.target
-            asked = b.n_predict if b.max_tokens is None else b.max_tokens
-            tokens = infill_prompt(t, b, n_batch=min(LLAMA_SERVER_N_BATCH, t.n_ctx_seq // 2), n_ctx=t.n_ctx_seq,
-                                   n_predict=self.api.settings.default_max_tokens if asked < 0 else asked)
+            n = _budget(b, self.api.settings.default_max_tokens, self.api.settings.max_tokens_limit)
+            tokens = infill_prompt(t, b, n_batch=min(LLAMA_SERVER_N_BATCH, t.n_ctx_seq // 2),
+                                   n_ctx=t.n_ctx_seq, n_predict=n)
             return tokens, ""
         return await self._generate(request, InfillBody, prompt, "infill")
 
@@ -217,9 +228,7 @@ class Native:
                 raise ApiError(400, f"the request exceeds the available context size ({len(tokens)} "
                                     f"prompt tokens, {limit} per slot)", type="exceed_context_size_error",
                                param="prompt", code="context_length_exceeded")
-            asked = b.n_predict if b.max_tokens is None else b.max_tokens
-            n = api.settings.default_max_tokens if asked < 0 else asked
-            n = min(n if n > 0 else api.settings.max_tokens_limit, api.settings.max_tokens_limit)
+            n = _budget(b, api.settings.default_max_tokens, api.settings.max_tokens_limit)
             queue: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
             gen = GenerationConfig(max_tokens=max(1, n), stop=tuple(s for s in b.stop or () if s),
