@@ -56,10 +56,13 @@ def env(tmp_path, monkeypatch):
 
 
 def place(src: str | Path, dst: Path) -> Path:
-    """A hard link of a real model (a copy across file systems): its own path, no disk."""
+    """A hard link of a real model (a copy across file systems): its own path, no disk.
+
+    The link is to the file itself, never to a symlink standing at `src` (os.link does
+    not follow one on Linux): a test deleting its blob must not reach the real model."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.link(src, dst)
+        os.link(os.path.realpath(src), dst)
     except OSError:
         shutil.copyfile(src, dst)
     return dst
