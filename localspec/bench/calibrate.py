@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,6 +101,67 @@ def measure_flash_attn(model: Model, reps: int = 3) -> tuple[str | None, dict[st
     return choice, times
 
 
+BATCH_CONTEXTS = (256, 2048)  # the context bands the serve rule's limit is measured at
+BATCH_SIZES = (1, 2, 3, 4, 6, 8)  # active sequences tried
+BATCH_K, BATCH_ALPHA = 4, 0.6  # the draft each sequence verifies, and its acceptance
+
+
+def measure_batch_limits(target: Model, contexts: tuple[int, ...] = BATCH_CONTEXTS,
+                         sizes: tuple[int, ...] = BATCH_SIZES, reps: int = 2,
+                         tick: Callable[[], None] | None = None) -> tuple[dict[str, int], list[dict]]:
+    """The serve rule's --spec-disable-by-batch-size at each context length, measured on
+    batches of real sequences as the server decodes them (one decode_multi, a second
+    copy of the model loaded with max(sizes) sequences): for B sequences of `context`
+    tokens each, a plain step (one token each) against a speculative one (1 + BATCH_K
+    each). Speculation pays at B while E * plain >= speculative, E the tokens a round
+    yields at BATCH_ALPHA. Returns ({"context": limit}, the timings for the report)."""
+    from localspec.core.backend import Model as _Model
+    from localspec.bench.vcurve import expected_tokens
+    from localspec.serve.policy import crossover_limit
+
+    n_seq = max(sizes)
+    fits = [c for c in contexts if c + BATCH_K + 2 < target.n_ctx_seq] or [min(contexts)]
+    per_seq = max(fits) + BATCH_K + 64
+    multi = _Model(replace(target.cfg, n_seq_max=n_seq, n_ctx=n_seq * per_seq, flash_attn=target.flash_attn))
+    text = multi.tokenize(Path(__file__).read_text() * 8)
+    e = expected_tokens(BATCH_ALPHA, BATCH_K)
+    limits, detail = {}, []
+    try:
+        for ctx in fits:
+            base = (text * (ctx // len(text) + 1))[:ctx]
+            for s in range(n_seq):
+                multi.rewind(0, force=True, seq=s)
+            multi.decode(base, "last", seq=0)
+            for s in range(1, n_seq):
+                multi.copy_seq(0, s)
+            points = []
+            for b in sizes:
+                off = _time_multi(multi, b, 1, len(base), reps)
+                on = _time_multi(multi, b, 1 + BATCH_K, len(base), reps)
+                points.append((b, off, on))
+                detail.append({"context": ctx, "batch": b, "plain_ms": round(off * 1e3, 2),
+                               "spec_ms": round(on * 1e3, 2), "gain": round(e * off / on, 3)})
+            limits[str(ctx)] = crossover_limit(points, e)
+            if tick:
+                tick()
+    finally:
+        multi.close()
+    return limits, detail
+
+
+def _time_multi(model: Model, b: int, n: int, base: int, reps: int) -> float:
+    """Median seconds of one decode_multi of n tokens on each of sequences 0..b-1."""
+    entries = [(s, [model.bos if model.bos >= 0 else 0] * n, n) for s in range(b)]
+    times = []
+    for _ in range(reps + 1):  # the first one warms the graph of this shape
+        t0 = time.perf_counter()
+        model.decode_multi(entries)
+        times.append(time.perf_counter() - t0)
+        for s in range(b):
+            model.rewind(base, seq=s)
+    return float(np.median(times[1:]))
+
+
 def calibrate(target: Model, draft: Model | None, setup: Setup, n_max: int = N_MAX,
               tick: Callable[[], None] | None = None) -> Profile:
     """Measure everything a profile of `setup` (runtime.setup_of(target, draft)) holds;
@@ -118,8 +180,10 @@ def calibrate(target: Model, draft: Model | None, setup: Setup, n_max: int = N_M
     draft_t = measure_token_time(draft) if draft is not None else None
     if tick:
         tick()
+    limits, _ = measure_batch_limits(target, tick=tick)
     return Profile(
         key=setup.key, target=target.name, draft=draft.name if draft else None,
         device=setup.device, n_threads=setup.n_threads, n_gpu_layers=setup.n_gpu_layers,
         t_token_s=t1, vcurve=curve, prefill_tok_s=prefill, draft_t_token_s=draft_t, flash_attn=flash,
+        batch_limits=limits,
     )

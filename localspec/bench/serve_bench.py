@@ -30,6 +30,7 @@ from typing import Any
 
 import click
 
+from localspec.serve.policy import BatchLimits
 from localspec.core.config import (
     GenerationConfig,
     LoadOptions,
@@ -101,7 +102,7 @@ def run_serve_bench(
     opts = replace(opts, draft=None, n_ctx=default_n_ctx(max_c))
     with open_runtime(opts, want_draft=False, n_seq_max=max_c) as rt:
         target = rt.target
-        limit, source = spec_threshold(threshold, find_profile(target) if threshold is None else None)
+        limits = spec_threshold(threshold, find_profile(target) if threshold is None else None)
         items = wl.select(wl.builtin(), [t for t in tags], 0 if names else per_tag)
         if names:
             items = [w for w in items if w.name in names]
@@ -113,24 +114,20 @@ def run_serve_bench(
         names = [n for n, _ in kept]
         prompts = [p for _, p in kept]
         say(f"serve bench: {target.name}, {target.info.n_threads} threads, workloads {', '.join(names)}, "
-            f"-n {n_predict}, rule: off above {limit} active ({source})")
-        _measure(target, [prompts[0]], 1, "on", spec, limit, min(8, n_predict))  # warm-up
+            f"-n {n_predict}, rule: {limits.describe()}")
+        _measure(target, [prompts[0]], 1, "on", spec, limits, min(8, n_predict))  # warm-up
         runs: list[Run] = []
         for i, c in enumerate(concurrency):
             order = list(modes) if i % 2 == 0 else list(reversed(modes))
             for mode in order:
-                run = _measure(target, prompts, c, mode, spec, limit, n_predict)
+                run = _measure(target, prompts, c, mode, spec, limits, n_predict)
                 runs.append(run)
                 say(_run_line(run))
-        return _summary(runs, target, limit, source, n_predict, names, spec)
-
-
-def _limit_for(mode: str, rule_limit: int | None) -> int | None:
-    return {"off": 0, "on": -1}.get(mode, rule_limit)
+        return _summary(runs, target, limits, n_predict, names, spec)
 
 
 def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: SpecConfig,
-             rule_limit: int | None, n_predict: int) -> Run:
+             limits: BatchLimits, n_predict: int) -> Run:
     """C closed-loop clients; max(C, len(prompts)) requests round-robin over prompts."""
     from localspec.serve.jobs import Failed, Finished, Job, Text
     from localspec.serve.scheduler import Scheduler, SchedulerConfig
@@ -139,7 +136,8 @@ def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: Spe
     work = [prompts[i % len(prompts)] for i in range(n_req)]
     clients = [_Client(pending=work[i::c]) for i in range(c)]
     cfg = SchedulerConfig(n_slots=c, queue_size=n_req, spec=spec,
-                          spec_disable_by_batch_size=_limit_for(mode, rule_limit))
+                          spec_disable_by_batch_size={"off": 0, "on": -1}.get(mode),
+                          spec_limits=limits if mode == "rule" else None)
     sched = Scheduler(target, cfg)
     events: queue.Queue = queue.Queue()
     gen = GenerationConfig(max_tokens=n_predict)
@@ -194,7 +192,7 @@ def _rates(run: Run, m: Any, latencies: list[float], ttfts: list[float]) -> None
     run.decode_steps = steps
 
 
-def _summary(runs: list[Run], target: Any, limit: int | None, source: str, n_predict: int,
+def _summary(runs: list[Run], target: Any, limits: BatchLimits, n_predict: int,
              names: list[str], spec: SpecConfig) -> dict[str, Any]:
     by = {(r.concurrency, r.mode): r for r in runs}
     cs = sorted({r.concurrency for r in runs})
@@ -218,7 +216,8 @@ def _summary(runs: list[Run], target: Any, limit: int | None, source: str, n_pre
     return {
         "target": target.name, "threads": target.info.n_threads, "n_predict": n_predict,
         "workloads": names, "drafter": spec.mode, "draft_max": spec.draft_max,
-        "rule_limit": limit, "rule_source": source,
+        "rule_limit": limits.limit(), "rule_source": limits.source, "rule_limits": limits.to_dict(),
+        "rule": limits.describe(),
         "runs": [{**asdict(r), "acceptance": r.acceptance} for r in runs],
         "crossover": {"decode": crossover("decode_tok_s"), "end_to_end": crossover("tok_s")},
         "rule_check": rule_check,
@@ -243,8 +242,7 @@ def format_report(result: dict[str, Any]) -> str:
     cs = sorted({r["concurrency"] for r in runs})
     by = {(r["concurrency"], r["mode"]): r for r in runs}
     lines = [(f"serve bench: {result['target']}, {result['threads']} threads, -n {result['n_predict']}, "
-              f"drafter {result['drafter']} (k<={result['draft_max']}), rule: off above "
-              f"{result['rule_limit']} active ({result['rule_source']})"),
+              f"drafter {result['drafter']} (k<={result['draft_max']}), rule: {result['rule']}"),
              "      end-to-end tok/s (prefill incl.)   | decode tok/s at batch C    | mean latency s",
              "  C     off      on    rule  on/off |   off     on   rule on/off |   off     on   rule"]
 
@@ -260,15 +258,32 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(f"{c:3d} {f(e2e[0])} {f(e2e[1])} {f(e2e[2])} {f(ratio(e2e), 6)}x |"
                      f"{f(dec[0], 6)} {f(dec[1], 6)} {f(dec[2], 6)} {f(ratio(dec), 5)}x |"
                      f"{f(lat[0], 6)} {f(lat[1], 6)} {f(lat[2], 6)}")
-    cross = result["crossover"]
-    lines.append(f"crossover (speculation stops paying): decode at C={cross['decode'] or 'none measured'}, "
-                 f"end-to-end at C={cross['end_to_end'] or 'none measured'}")
+    lines.append(_crossover_line(result, by, cs))
     checks = ", ".join(f"C={x['concurrency']}: {x['rule_over_best']:.2f}" for x in result["rule_check"]
                        if x["rule_over_best"] is not None)
     if result["rule_within_5pct"] is not None:
         verdict = "within 5%" if result["rule_within_5pct"] else "NOT within 5% everywhere"
         lines.append(f"rule / best of on,off (end-to-end): {checks}  [{verdict}]")
     return "\n".join(lines)
+
+
+def _crossover_line(result: dict[str, Any], by: dict, cs: list[int]) -> str:
+    """The crossover this run measured, and why: the on/off throughput ratio either side."""
+    cross = result["crossover"]
+    c = cross["end_to_end"]
+
+    def ratio(n: int) -> str:
+        on, off = by.get((n, "on"), {}).get("tok_s"), by.get((n, "off"), {}).get("tok_s")
+        return f"{on / off:.2f}x" if on and off else "-"
+
+    if c is None:
+        why = f"speculation paid at every C measured (on/off {', '.join(f'C={n}: {ratio(n)}' for n in cs)})"
+    else:
+        below = [n for n in cs if n < c]
+        why = (f"on/off {ratio(c)} at C={c}" + (f", {ratio(below[-1])} at C={below[-1]}" if below else "")
+               + ": past it a rejected draft row costs more compute than the accepted ones save")
+    return (f"crossover (speculation stops paying): end-to-end at C={c or 'none measured'}, decode at "
+            f"C={cross['decode'] or 'none measured'}; {why}. The rule: {result['rule']}")
 
 
 def plot(result: dict[str, Any], path: str) -> None:

@@ -60,7 +60,7 @@ log = logging.getLogger("localspec.serve")
               help="requests waiting for a slot before 429 [default: 4 x --parallel]")
 @click.option("--spec-disable-by-batch-size", "spec_disable", type=click.IntRange(min=-1), default=None,
               help="speculation off while more than N sequences are active; -1 never "
-                   f"[default: from the calibration profile, else {DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE}]")
+                   f"[default: as `localspec tune` measured it by context length, else {DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE}]")
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
               help="require 'Authorization: Bearer KEY' (env LOCALSPEC_API_KEY); several keys "
                    "separated by commas, each with its own drafting memory")
@@ -148,9 +148,9 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         spec = _spec(kw, draft)
         profile = find_profile(target, draft) if spec_disable is None else None
         c = profile.c if profile and spec.mode in ("model", "hybrid") else None
-        limit, source = spec_threshold(spec_disable, profile, c or 0.0)
+        limits = spec_threshold(spec_disable, profile, c or 0.0)
         cfg = SchedulerConfig(n_slots=parallel, queue_size=4 * parallel if queue_size is None else queue_size,
-                              spec=spec, spec_disable_by_batch_size=limit, prefill_chunk=prefill_chunk)
+                              spec=spec, spec_limits=limits, prefill_chunk=prefill_chunk)
         scheduler = Scheduler(target, cfg, draft=draft)
         settings = ServeSettings(
             model_id=model_id_for(target.path, alias), api_key=api_key, max_body_bytes=max_body_bytes,
@@ -159,7 +159,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
             host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
         )
         app = create_app(scheduler, target, settings)
-        rule = "never off" if limit is None else f"off above {limit} active ({source})"
+        rule = limits.describe()
         click.echo(f"localspec serve: http://{_url_host(host)}:{port}/v1  model {settings.model_id}  "
                    f"{parallel} slots x {target.n_ctx_seq} tokens  spec {spec.mode}, {rule}"
                    + (f"  draft {draft.name}" if draft else ""), err=True)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from localspec import models
-from localspec.bench.calibrate import calibrate
+from localspec.bench.calibrate import BATCH_CONTEXTS, calibrate
 from localspec.commands.options import load_options, model_options
 from localspec.core.drafters.auto import CostModel, best_k
 from localspec.core.errors import LocalspecError
@@ -74,7 +74,8 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
         TextColumn("[bold]tune[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), console=console, transient=True,
     ) as progress:
-        task = progress.add_task("measure", total=len(vcurve_sizes(vcurve_max)) + 2 + (opts.flash_attn == "auto"))
+        task = progress.add_task("measure", total=len(vcurve_sizes(vcurve_max)) + 2 + len(BATCH_CONTEXTS)
+                                 + (opts.flash_attn == "auto"))
         setup = setup_of(rt.target, rt.draft)
         profile = calibrate(rt.target, rt.draft, setup, vcurve_max, tick=lambda: progress.advance(task))
     path = save_profile(profile)
@@ -98,6 +99,10 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
         f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 12, 16, 24, 32, 48, 64) if n <= len(v)))
     if profile.draft:
         click.echo(f"draft {profile.draft}: {1000 * profile.draft_t_token_s:.1f} ms/token, c = {profile.c:.2f}")
+    if profile.batch_limits:
+        click.echo("serve: speculation off above " + ", ".join(
+            f"{lim} active at {int(ctx):,} tokens of context" for ctx, lim in
+            sorted(profile.batch_limits.items(), key=lambda x: int(x[0]))) + " (measured on batched sequences)")
     click.echo("policy that follows (best k at acceptance a):")
     for line in _policy_lines(profile):
         click.echo("  " + line)

@@ -44,6 +44,9 @@ class Profile:
     # flash attention as tune measured it faster at a long context ("on"/"off"), or None:
     # llama.cpp's own choice. Runs with -fa auto (the default) use it
     flash_attn: str | None = None
+    # the serve rule's --spec-disable-by-batch-size as tune measured it on batches of
+    # sequences, by context length: {"context": limit} (calibrate.measure_batch_limits)
+    batch_limits: dict[str, int] = field(default_factory=dict)
     # what `--spec auto` learned of memory drafts' acceptance (drafters/memory.py's
     # MemoryModel counts by match length and support): a property of the target and traffic
     memory_accept: dict = field(default_factory=dict)

@@ -3,15 +3,17 @@ each slot gets, and the batch-size rule that turns speculation off under load.""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from localspec.models.profile import Profile
 
-# Speculation stays on while at most this many sequences are active when no calibration
-# profile exists: on a CPU, n-gram speculation pays for a request alone and decoded
-# slower with two or more in the batch (`python -m localspec.bench.serve_bench`;
-# docs/measurements.md).
+# Speculation stays on while at most this many sequences are active when no profile
+# exists: on a CPU, n-gram speculation pays for a request alone and decoded slower with
+# two or more in the batch (`python -m localspec.bench.serve_bench`;
+# docs/measurements.md); `localspec tune` measures this machine's limits by context band.
 DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE = 1
 PER_SLOT_CTX = 4096  # default context for every slot ...
 MAX_DEFAULT_CTX = 32768  # ... up to this much in all (KV memory grows with it)
@@ -22,15 +24,64 @@ def default_n_ctx(n_slots: int) -> int:
     return min(PER_SLOT_CTX * n_slots, MAX_DEFAULT_CTX)
 
 
-def spec_threshold(given: int | None, profile: Profile | None, c: float = 0.0) -> tuple[int | None, str]:
-    """(--spec-disable-by-batch-size, where it came from); None means never disable.
-    An explicit value wins, then the calibration profile's V(n) (and the draft model's
-    cost ratio `c` when the slots draft with it), then the default."""
+@dataclass(frozen=True)
+class BatchLimits:
+    """--spec-disable-by-batch-size by context length: `bands` are (context, limit)
+    pairs, context ascending, each the largest number of active sequences at which
+    speculation still pays when the active sequences hold about `context` tokens each
+    (None: never disable). A long KV cache makes a step more bandwidth-bound, so the
+    crossover moves with it. `source` says where the figures come from."""
+
+    bands: tuple[tuple[int, int | None], ...]
+    source: str
+
+    def limit(self, context: float = 0.0) -> int | None:
+        """The limit for sequences of `context` tokens: the band measured nearest to it
+        (on a log scale: 300 tokens is nearer 128 than 2,048)."""
+        if len(self.bands) == 1:
+            return self.bands[0][1]
+        x = math.log(max(context, 1.0))
+        return min(self.bands, key=lambda b: abs(math.log(max(b[0], 1)) - x))[1]
+
+    def describe(self) -> str:
+        """One line for logs and reports: "off above 2 active (set)", or by band."""
+        def one(lim: int | None) -> str:
+            return "never off" if lim is None else f"off above {lim} active"
+        if len(self.bands) == 1:
+            return f"{one(self.bands[0][1])} ({self.source})"
+        return ", ".join(f"{one(lim)} at {c:,} tokens of context" for c, lim in self.bands) + f" ({self.source})"
+
+    def to_dict(self) -> dict:
+        return {"source": self.source,
+                "bands": [{"context": c, "limit": -1 if lim is None else lim} for c, lim in self.bands]}
+
+
+def spec_threshold(given: int | None, profile: Profile | None, c: float = 0.0) -> BatchLimits:
+    """The rule's limits and where they came from. An explicit value wins (every
+    context), then what `tune` measured on batches of real sequences (per context
+    band; not with a draft model, whose own decodes it did not time), then the limit
+    implied by the profile's V(n) (and the draft's cost ratio `c`), then the default."""
     if given is not None:
-        return (None if given < 0 else given), "set"
-    if profile is not None:
-        return threshold_from_vcurve(profile.vcurve, c=c), "calibration profile"
-    return DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE, "default"
+        return BatchLimits(((0, None if given < 0 else given),), "set")
+    if profile is not None and profile.batch_limits and not c:
+        bands = tuple(sorted((int(ctx), lim) for ctx, lim in profile.batch_limits.items()))
+        return BatchLimits(bands, "measured by tune")
+    if profile is not None and profile.vcurve:
+        return BatchLimits(((0, threshold_from_vcurve(profile.vcurve, c=c)),), "calibration profile V(n)")
+    return BatchLimits(((0, DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE),), "default: no profile (run localspec tune)")
+
+
+def crossover_limit(points: list[tuple[int, float, float]], e: float) -> int:
+    """The largest batch size up to which speculating still paid in measured step
+    times. points: (B, plain step seconds, speculative step seconds), B ascending: a
+    plain step of B sequences makes B tokens, a speculative one about B * e. It pays
+    while e * plain >= speculative; the limit is the last B of the first such run."""
+    best = 0
+    for b, off, on in points:
+        if e * off < on:
+            break
+        best = b
+    return best
 
 
 def threshold_from_vcurve(vcurve: list[float], alpha: float = 0.6, k: int = 4, c: float = 0.0) -> int:

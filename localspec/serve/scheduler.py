@@ -42,6 +42,7 @@ from localspec.core.tuning import PREFILL_RESERVE
 from localspec.core.runtime import make_drafter
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.metrics import Metrics
+from localspec.serve.policy import BatchLimits
 from localspec.serve.sequence import SeqState
 
 log = logging.getLogger("localspec.serve")
@@ -53,6 +54,8 @@ class SchedulerConfig:
     queue_size: int = 16  # jobs waiting for a slot; past it submit() raises QueueFull
     spec: SpecConfig = field(default_factory=SpecConfig)
     spec_disable_by_batch_size: int | None = None  # None or < 0: never disable
+    # the limit by context length (policy.spec_threshold); when given it replaces the one above
+    spec_limits: BatchLimits | None = None
     prefill_chunk: int = 256
 
 
@@ -143,13 +146,16 @@ class Scheduler:
 
     def snapshot(self) -> dict:
         """Live state for /health and /metrics (read without stopping the loop)."""
-        limit = self.cfg.spec_disable_by_batch_size
+        limit = self._limit()
+        limits = self.cfg.spec_limits
         return {"slots": self.cfg.n_slots, "active": len(self.active), "queued": len(self.queue),
                 # idle: the rule's answer for zero load, even before the loop re-evaluates
                 "speculation": self.speculating if self.active else self.cfg.spec.mode != "none",
                 "spec_mode": self.cfg.spec.mode,
                 "draft": self.draft.name if self.draft is not None else None,
                 "spec_disable_by_batch_size": -1 if limit is None or limit < 0 else limit,
+                "spec_limits": limits.to_dict() if limits is not None else
+                {"source": "set", "bands": [{"context": 0, "limit": -1 if limit is None or limit < 0 else limit}]},
                 "alive": self.alive, "draining": self.draining, "kv_tokens": list(self.kv_tokens)}
 
     def slots(self) -> list[dict]:
@@ -226,8 +232,18 @@ class Scheduler:
         return make_drafter(self.cfg.spec, job.sampling, self.draft, job.extra, self.target,
                             seq=seq, batch=self.drafts, memory=job.memory)
 
+    def _limit(self) -> int | None:
+        """The rule's limit now: by the active sequences' mean context when the limits
+        come by context band (a long KV cache moves the crossover)."""
+        limits = self.cfg.spec_limits
+        if limits is None:
+            return self.cfg.spec_disable_by_batch_size
+        active = list(self.active)
+        context = sum(len(a.state.tokens) for a in active) / len(active) if active else 0.0
+        return limits.limit(context)
+
     def _speculate(self) -> bool:
-        limit = self.cfg.spec_disable_by_batch_size
+        limit = self._limit()
         on = self.cfg.spec.mode != "none" and (limit is None or limit < 0 or len(self.active) <= limit)
         if on != self.speculating:
             self.speculating = on

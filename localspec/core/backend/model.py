@@ -378,6 +378,14 @@ class Model(PrefixCache, Owned):
             _ll.llama_memory_seq_rm(self._mem, seq, n_past, -1)
             del record[n_past:]
 
+    def copy_seq(self, src: int, dst: int) -> None:
+        """Make sequence `dst` hold what `src` holds (its cells copied, not decoded again)."""
+        if src == dst:
+            return
+        _ll.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        _ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        self.seq_tokens(dst)[:] = self.seq_tokens(src)
+
     # ----- sequence 0's KV state as bytes (the on-disk prefix cache) --------------
 
     def state_bytes(self) -> bytearray:

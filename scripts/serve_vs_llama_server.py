@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""`localspec serve` next to `llama-server` under concurrent load, over HTTP, greedy.
+A benchmark, not a test.
+
+Both servers load the same GGUF with the same slots (-np), context, threads and batch
+sizes, and stay up for the whole run. For each (prompt length, clients, streaming) cell,
+C client threads each send R chat requests one after another (max_tokens N, temperature
+0) to one server, then the same to the other (the order alternates cell by cell, so a
+drift in the machine's speed lands on both). Reported per cell and server: aggregate
+tok/s (completion tokens of every request / the cell's wall time) and the mean time to
+first token (streaming: the first content chunk; not streaming: the whole reply).
+
+    python scripts/serve_vs_llama_server.py --clients 1,2,4,8 --requests 2 -n 128 \
+        --prompts 50,1500 --stream both [--localspec-args "--spec none"]
+
+Where llama-server comes from: --llama-server PATH, $LLAMA_SERVER, or the build
+scripts/compare_llama_server.py --build makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_llama_server import find_server  # noqa: E402
+
+from localspec import models  # noqa: E402
+from localspec.bench.workers import free_port  # noqa: E402
+from localspec.core import backend  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHORT = ("Write a Python function that parses a CSV file of orders (id, customer, amount, date) "
+         "and returns the total amount per customer, with a docstring and type hints.")
+
+
+def long_prompt(n_tokens: int) -> str:
+    """A code-review request of about n_tokens tokens (this project's own source)."""
+    src = (ROOT / "localspec" / "serve" / "scheduler.py").read_text()
+    code = (src * 4)[: int(n_tokens * 3.2)]
+    return f"Review this code and list its three biggest problems:\n\n```python\n{code}\n```"
+
+
+class Server:
+    """A server process on a free port, up for the duration of a `with` block."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, log_dir: Path, env: dict | None = None) -> None:
+        self.name, self.cmd, self.port, self.env = name, cmd, port, env
+        self.log = log_dir / f"{name}.log"
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> Server:
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {self.log}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not come up; see {self.log}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def one_request(client: httpx.Client, url: str, prompt: str, n: int, stream: bool) -> tuple[int, float, str]:
+    """(completion tokens, seconds to the first token, text) of one chat request."""
+    body = {"model": "x", "messages": [{"role": "user", "content": prompt}], "max_tokens": n,
+            "temperature": 0.0, "stream": stream}
+    t0 = time.perf_counter()
+    if not stream:
+        r = client.post(url + "/v1/chat/completions", json=body, timeout=3600)
+        r.raise_for_status()
+        out = r.json()
+        return out["usage"]["completion_tokens"], time.perf_counter() - t0, out["choices"][0]["message"]["content"]
+    body["stream_options"] = {"include_usage": True}
+    first, parts, tokens = None, [], 0
+    with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                tokens = ev["usage"]["completion_tokens"]
+            for ch in ev.get("choices") or []:
+                text = (ch.get("delta") or {}).get("content")
+                if text:
+                    first = first or time.perf_counter() - t0
+                    parts.append(text)
+    return tokens, first or time.perf_counter() - t0, "".join(parts)
+
+
+def cell(url: str, prompts: list[str], clients: int, requests: int, n: int, stream: bool) -> dict:
+    """C clients x R requests; aggregate tok/s and mean TTFT."""
+    results: list[tuple[int, float, str]] = []
+    lock = threading.Lock()
+
+    def client_loop(i: int) -> None:
+        with httpx.Client() as c:
+            for r in range(requests):
+                out = one_request(c, url, prompts[(i * requests + r) % len(prompts)], n, stream)
+                with lock:
+                    results.append(out)
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    tokens = sum(r[0] for r in results)
+    return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall,
+            "ttft_s": statistics.fmean(r[1] for r in results), "texts": [r[2] for r in results]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-server", default=None, metavar="PATH")
+    ap.add_argument("-m", "--model", default=None, help="[default: the manifest's default]")
+    ap.add_argument("--clients", default="1,2,4")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client")
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--prompts", default="50", help="prompt sizes: 50 (a short request) or a token count")
+    ap.add_argument("--stream", default="no", choices=("no", "yes", "both"))
+    ap.add_argument("-np", "--parallel", type=int, default=0, help="slots [default: the most clients]")
+    ap.add_argument("-t", "--threads", type=int, default=backend.default_threads())
+    ap.add_argument("--localspec-args", default="--spec none")
+    ap.add_argument("--server-args", default="", help="extra llama-server flags")
+    ap.add_argument("--only", default="both", choices=("both", "localspec", "llama-server"))
+    ap.add_argument("--json", default=None, metavar="FILE")
+    args = ap.parse_args()
+
+    cs = [int(x) for x in args.clients.split(",")]
+    slots = args.parallel or max(cs)
+    model = models.resolve(args.model, role="target").path
+    n_ctx = 4096 * slots
+    log_dir = Path(tempfile.mkdtemp(prefix="serve-vs-"))
+    servers = []
+    if args.only in ("both", "llama-server"):
+        exe = find_server(args.llama_server)
+        servers.append(Server("llama-server", [
+            str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(p := free_port()),
+            "-c", str(n_ctx), "-np", str(slots), "-t", str(args.threads), "-tb", str(args.threads),
+            "-b", "512", "-ub", "512", "--no-webui", "--jinja", *shlex.split(args.server_args)], p, log_dir))
+    if args.only in ("both", "localspec"):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        servers.append(Server("localspec", [
+            sys.executable, "-m", "localspec", "serve", "-m", str(model), "--port", str(p := free_port()),
+            "-c", str(n_ctx), "-np", str(slots), "-t", str(args.threads), "--no-log",
+            *shlex.split(args.localspec_args)], p, log_dir, env))
+    sizes = [int(x) for x in args.prompts.split(",")]
+    streams = {"no": [False], "yes": [True], "both": [False, True]}[args.stream]
+    rows = []
+    with servers[0], (servers[1] if len(servers) > 1 else servers[0]):
+        for srv in servers:  # warm-up: first decodes allocate buffers
+            cell(srv.url, [SHORT], 1, 1, 8, False)
+        k = 0
+        for size in sizes:
+            prompts = [SHORT + f" Call it variant {i}." for i in range(8)] if size <= 64 else \
+                [long_prompt(size) + f"\n(review {i})" for i in range(8)]
+            for stream in streams:
+                for c in cs:
+                    order = servers if k % 2 == 0 else servers[::-1]
+                    k += 1
+                    got = {s.name: cell(s.url, prompts, c, args.requests, args.n, stream) for s in order}
+                    rows.append({"prompt": size, "stream": stream, "clients": c, **{
+                        name: {key: v for key, v in r.items() if key != "texts"} for name, r in got.items()},
+                        "same_texts": _same(got)})
+                    print(_line(rows[-1]), flush=True)
+    print(f"\n(logs in {log_dir})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+def _same(got: dict) -> str | None:
+    if len(got) < 2:
+        return None
+    a, b = (sorted(r["texts"]) for r in got.values())
+    return f"{sum(x == y for x, y in zip(a, b))}/{len(a)}"
+
+
+def _line(row: dict) -> str:
+    ls, lp = row.get("localspec"), row.get("llama-server")
+    head = f"prompt {row['prompt']:>5}  stream {'yes' if row['stream'] else 'no ':3}  C={row['clients']:<2}"
+    parts = [head]
+    for name, r in (("llama-server", lp), ("localspec", ls)):
+        if r:
+            parts.append(f"{name} {r['tok_s']:6.2f} tok/s ttft {r['ttft_s']:6.2f}s")
+    if ls and lp:
+        parts.append(f"ratio {ls['tok_s'] / lp['tok_s']:.2f}x  ttft ratio {ls['ttft_s'] / lp['ttft_s']:.2f}x  "
+                     f"same {row['same_texts']}")
+    return "  ".join(parts)
+
+
+if __name__ == "__main__":
+    main()

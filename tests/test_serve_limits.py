@@ -1,0 +1,101 @@
+"""The serve rule's load threshold (--spec-disable-by-batch-size) as a measurement: by
+context band, from the profile `tune` wrote, shown in /health's snapshot; and the
+measurement itself on the real SmolLM2 (timings are never asserted, only their shape)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from localspec.core.config import SpecConfig
+from localspec.models.profile import Profile
+from localspec.serve.policy import (
+    DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE,
+    BatchLimits,
+    crossover_limit,
+    spec_threshold,
+    threshold_from_vcurve,
+)
+from localspec.serve.scheduler import Scheduler, SchedulerConfig
+
+PROFILE = Profile(key="k", target="t.gguf", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                  t_token_s=0.1, vcurve=[1.0 + 0.3 * i for i in range(64)], prefill_tok_s=100.0)
+
+
+def test_limits_pick_the_band_measured_nearest_the_context():
+    limits = BatchLimits(((256, 4), (2048, 1)), "measured by tune")
+    assert limits.limit(0) == limits.limit(100) == limits.limit(600) == 4  # log scale: 600 is nearer 256
+    assert limits.limit(900) == limits.limit(2048) == limits.limit(30000) == 1
+    assert "off above 4 active at 256 tokens" in limits.describe()
+    assert limits.to_dict() == {"source": "measured by tune",
+                                "bands": [{"context": 256, "limit": 4}, {"context": 2048, "limit": 1}]}
+    assert BatchLimits(((0, None),), "set").to_dict()["bands"] == [{"context": 0, "limit": -1}]
+
+
+def test_an_explicit_limit_wins_then_tune_s_measurement_then_the_curve_then_the_default():
+    measured = replace(PROFILE, batch_limits={"2048": 1, "256": 3})
+    assert spec_threshold(2, measured) == BatchLimits(((0, 2),), "set")
+    assert spec_threshold(-1, measured).limit() is None
+    got = spec_threshold(None, measured)
+    assert got.bands == ((256, 3), (2048, 1)) and got.source == "measured by tune"
+    # a draft model's decodes were not part of tune's batches: the curve and c decide
+    with_draft = spec_threshold(None, measured, c=0.3)
+    assert with_draft.limit() == threshold_from_vcurve(PROFILE.vcurve, c=0.3)
+    assert spec_threshold(None, PROFILE).limit() == threshold_from_vcurve(PROFILE.vcurve)
+    assert spec_threshold(None, None).limit() == DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE
+    assert "tune" in spec_threshold(None, None).source
+
+
+def test_crossover_is_the_end_of_the_first_run_where_speculating_pays():
+    e = 2.0  # tokens a speculative round yields per sequence
+    pays = [(1, 1.0, 1.5), (2, 1.1, 2.0), (3, 1.2, 2.6), (4, 1.3, 2.5)]  # 2.6 > 2.4 at B=3
+    assert crossover_limit(pays, e) == 2
+    assert crossover_limit([(1, 1.0, 2.5)], e) == 0
+    assert crossover_limit([(1, 1.0, 1.0), (8, 2.0, 3.0)], e) == 8
+
+
+def _scheduler(cfg: SchedulerConfig) -> Scheduler:
+    target = SimpleNamespace(cfg=SimpleNamespace(n_seq_max=8), n_batch=512)
+    return Scheduler(target, cfg)
+
+
+def _active(context: int) -> SimpleNamespace:
+    return SimpleNamespace(state=SimpleNamespace(tokens=[1] * context))
+
+
+def test_the_rule_follows_the_active_sequences_context():
+    limits = BatchLimits(((256, 3), (2048, 1)), "measured by tune")
+    sched = _scheduler(SchedulerConfig(n_slots=8, spec=SpecConfig(mode="ngram"), spec_limits=limits))
+    sched.active = [_active(200), _active(300)]
+    assert sched._speculate() is True  # 2 short sequences: the short band allows 3
+    assert sched.snapshot()["spec_disable_by_batch_size"] == 3
+    sched.active = [_active(1800), _active(2400)]
+    assert sched._speculate() is False  # the same load at a long context: off above 1
+    snap = sched.snapshot()
+    assert snap["spec_disable_by_batch_size"] == 1 and snap["spec_limits"] == limits.to_dict()
+    sched.active = [_active(2400)]
+    assert sched._speculate() is True
+
+
+def test_a_plain_limit_still_applies_without_bands():
+    sched = _scheduler(SchedulerConfig(n_slots=4, spec=SpecConfig(mode="ngram"), spec_disable_by_batch_size=1))
+    sched.active = [_active(10), _active(10)]
+    assert sched._speculate() is False
+    assert sched.snapshot()["spec_limits"] == {"source": "set", "bands": [{"context": 0, "limit": 1}]}
+
+
+def test_tune_measures_the_limit_on_batches_of_real_sequences(smol_path):
+    from localspec.bench.calibrate import measure_batch_limits
+    from localspec.core.backend import Model
+    from localspec.core.config import ModelConfig
+
+    target = Model(ModelConfig(path=smol_path, n_ctx=1024, n_threads=1))
+    try:
+        limits, detail = measure_batch_limits(target, contexts=(32, 128), sizes=(1, 2), reps=1)
+    finally:
+        target.close()
+    assert set(limits) == {"32", "128"} and all(0 <= v <= 2 for v in limits.values())
+    assert [(d["context"], d["batch"]) for d in detail] == [(32, 1), (32, 2), (128, 1), (128, 2)]
+    assert all(d["plain_ms"] > 0 and d["spec_ms"] > 0 for d in detail)
