@@ -331,22 +331,28 @@ def grammar_options(f: Callable) -> Callable:
 
 def grammar_text(kw: dict) -> str | None:
     """The GBNF of --grammar / --json-schema (None: neither). A schema is checked and
-    converted here, before any model loads; a grammar is parsed by llama.cpp when the
-    generation starts (it needs the vocabulary)."""
+    converted here, before any model loads; a grammar is checked against the bounds
+    here (core/backend/gbnf_check.py) and parsed by llama.cpp when the generation starts
+    (it needs the vocabulary)."""
     grammar_file, schema_arg = kw.pop("grammar_file"), kw.pop("json_schema_file")
     if grammar_file and schema_arg:
         raise UsageError("--grammar and --json-schema exclude each other: give one")
     if grammar_file:
-        return _read(grammar_file, "--grammar")
+        from localspec.core.backend.gbnf_check import check_gbnf
+
+        text = _read(grammar_file, "--grammar")
+        check_gbnf(text)
+        return text
     if not schema_arg:
         return None
     inline = schema_arg.lstrip().startswith("{")
     text = schema_arg if inline else _read(schema_arg, "--json-schema")
     try:
         schema = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         where = "the inline schema" if inline else schema_arg
-        raise UsageError(f"--json-schema: {where} is not JSON: {exc}") from None
+        why = "it nests too deeply" if isinstance(exc, RecursionError) else exc
+        raise UsageError(f"--json-schema: {where} is not JSON: {why}") from None
     # imported here: it loads llama_cpp, which only a schema needs
     from localspec.core.backend import json_schema_grammar
 

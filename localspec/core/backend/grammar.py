@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from localspec.core.backend.gbnf_check import check_gbnf
 from localspec.core.backend.ggml import Owned, _ll, captured
+from localspec.core.backend.schema_check import check_schema_bounds
 from localspec.core.backend.model import Model
 from localspec.core.errors import GrammarError
 
@@ -53,6 +55,7 @@ class Grammar(Owned):
         self.text, self.root = text, root
         if not text.strip():
             raise GrammarError("invalid grammar: it is empty")
+        check_gbnf(text, root)  # what llama.cpp's parser cannot survive never reaches it
         with captured() as said:
             smpl = _ll.llama_sampler_init_grammar(model.llama_vocab, text.encode(), root.encode())
         if not smpl:
@@ -130,19 +133,27 @@ def check_grammar(model: Model, text: str) -> None:
 
 def json_schema_grammar(schema: object) -> str:
     """GBNF for JSON that validates against `schema` (a JSON Schema object), through
-    llama-cpp-python's converter; GrammarError for a schema that is invalid (checked with
+    llama-cpp-python's converter; GrammarError for a schema past the bounds
+    (schema_check.py, then gbnf_check.py on the grammar), invalid (checked with
     `jsonschema` against its metaschema) or that the converter cannot express."""
     import jsonschema  # well-kept metaschema checks; imported only when a schema is used
 
     if not isinstance(schema, dict):
         raise GrammarError(f"invalid JSON schema: expected an object, got {type(schema).__name__}")
+    check_schema_bounds(schema)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path)
         raise GrammarError(f"invalid JSON schema{f' at {where}' if where else ''}: {exc.message}") from None
+    except RecursionError:  # the bounds keep it from happening; a 400 all the same
+        raise GrammarError("invalid JSON schema: it nests too deeply") from None
     try:
         gbnf = _lg.json_schema_to_gbnf(json.dumps(schema))
+    except RecursionError:
+        raise GrammarError("unsupported JSON schema: it nests too deeply") from None
     except Exception as exc:  # noqa: BLE001 - the converter asserts and raises anything
         raise GrammarError(f"unsupported JSON schema: {exc}") from None
-    return gbnf.replace(_LOOSE_CHAR, _STRICT_CHAR)
+    gbnf = gbnf.replace(_LOOSE_CHAR, _STRICT_CHAR)
+    check_gbnf(gbnf)
+    return gbnf
