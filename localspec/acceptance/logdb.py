@@ -323,3 +323,27 @@ def read_records(since: float | None = None, path: Path | str | None = None) -> 
     # NULL counts and speeds (not acceptance: NULL there means "nothing drafted") read as 0
     return [Record(*r[:7], *(x or 0 for x in r[7:10]), r[10], r[11], r[12] or 0.0, r[13] or 0.0)
             for r in rows]
+
+
+def tokens_by_source(since: float | None = None, path: Path | str | None = None) -> dict[str, list[int]]:
+    """{draft source (ngram, memory, model): [tokens drafted, tokens accepted]} over the
+    logged generations since `since`, from each one's stats (runs logged before the
+    counts existed add nothing)."""
+    path = Path(path) if path is not None else db_path()
+    if not path.exists():
+        return {}
+    sql, args = "SELECT stats_json FROM generations", ()
+    if since is not None:
+        sql, args = sql + " WHERE ts >= ?", (since,)
+    out: dict[str, list[int]] = {}
+    with closing(connect(path)) as db:
+        for (raw,) in db.execute(sql, args):
+            try:
+                rows = json.loads(raw or "{}").get("by_source") or {}
+                for source, (drafted, accepted) in rows.items():
+                    total = out.setdefault(str(source), [0, 0])
+                    total[0] += int(drafted)
+                    total[1] += int(accepted)
+            except (ValueError, TypeError, AttributeError):
+                continue  # a row written by another version: skipped
+    return dict(sorted(out.items()))

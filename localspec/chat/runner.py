@@ -95,7 +95,7 @@ class ChatRunner:
         self, runtime: Runtime, conversation: Conversation | None = None, *,
         spec: SpecConfig, sampling: SamplingConfig, gen: GenerationConfig,
         session_path: Path | None = None, reuse_prefix: bool = True, log: bool = True,
-        tag: str | None = None,
+        tag: str | None = None, memory: object | None = None,
     ) -> None:  # fmt: skip
         self.target = runtime.target
         self.draft_model = runtime.draft
@@ -112,6 +112,7 @@ class ChatRunner:
         self.tallies: dict[str, Tally] = {}
         self.turns: list[TurnInfo] = []
         self._drafter: Drafter | None = None
+        self.memory = memory  # earlier replies (memory_store.open_memory), drafted from by auto
 
     # ----- one turn ---------------------------------------------------------------
 
@@ -229,7 +230,8 @@ class ChatRunner:
         KV cache follows the conversation by prefix reuse, like the target's)."""
         if self._drafter is None:
             draft = self.draft_model if self._uses_draft_model() else None
-            self._drafter = make_drafter(self.spec, self.sampling, draft, target=self.target)
+            self._drafter = make_drafter(self.spec, self.sampling, draft, target=self.target,
+                                         memory=self.memory if self.spec.mode == "auto" else None)
         return self._drafter
 
     def _respec(self, mode: str) -> None:

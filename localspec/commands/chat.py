@@ -14,6 +14,8 @@ from localspec.commands.options import (
     gen_options,
     load_options,
     log_options,
+    memory_config,
+    memory_options,
     model_options,
     sampling_config,
     sampling_options,
@@ -35,6 +37,7 @@ from localspec.commands.options import (
 @click.option("--no-prompt-cache", is_flag=True,
               help="re-prefill the whole conversation every turn (to measure what the cache saves)")
 @log_options
+@memory_options
 @click.pass_context
 def chat(ctx: click.Context, system: str | None, session_file: Path | None, plain: bool,
          no_prompt_cache: bool, tag: str | None, no_log: bool, **kw) -> None:
@@ -55,6 +58,7 @@ def chat(ctx: click.Context, system: str | None, session_file: Path | None, plai
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
     tty = sys.stdin.isatty() and sys.stdout.isatty() and not plain
     opts = load_options(kw, verbose)
+    memory = memory_config(kw)
     has_draft = bool(opts.draft) and opts.draft.lower() != "none"
     spec = spec_config(kw, has_draft=has_draft)
     sampling, gen = sampling_config(kw), gen_config(kw)
@@ -68,9 +72,12 @@ def chat(ctx: click.Context, system: str | None, session_file: Path | None, plai
                    + (f" and {opts.draft}" if has_draft and opts.draft.lower() != "auto" else "")
                    + " ...", err=True)
     with open_runtime(opts, want_draft=spec.mode in ("auto", "model", "hybrid")) as rt:
+        from localspec.memory_store import open_memory
+
+        recall = open_memory(rt.target, enabled=memory.enabled, lookup=memory.lookup)
         runner = ChatRunner(rt, conv, spec=spec, sampling=sampling, gen=gen,
                             session_path=session_file, reuse_prefix=not no_prompt_cache,
-                            log=not no_log, tag=tag)
+                            log=not no_log, tag=tag, memory=recall)
         if tty:
             from localspec.chat.app import run_app
 

@@ -17,8 +17,11 @@ from click.core import ParameterSource
 
 from localspec.commands.options import (
     LoadOptions,
+    MemoryOptions,
     load_options,
     log_options,
+    memory_config,
+    memory_options,
     model_options,
     sampling_config,
     sampling_options,
@@ -75,6 +78,7 @@ EDIT_SPEC_DEFAULTS = {"spec": "auto", "draft_max": 256, "ngram_min": 3, "ngram_m
 @spec_options
 @sampling_options
 @log_options
+@memory_options
 @click.pass_context
 def edit(ctx: click.Context, files: tuple[str, ...], instruction: str | None,
          instruction_file: str | None, lines_spec: str | None, output: str | None,
@@ -92,6 +96,7 @@ def edit(ctx: click.Context, files: tuple[str, ...], instruction: str | None,
       localspec edit app.py --lines 40:80 -i "use pathlib" --dry-run
       cat a.py | localspec edit - -i "rename foo to bar" > b.py
     """
+    memory = memory_config(kw)
     opts, spec, sampling = resolve_options(ctx, kw)
     filter_mode = files == ("-",)
     if "-" in files and not filter_mode:
@@ -105,7 +110,7 @@ def edit(ctx: click.Context, files: tuple[str, ...], instruction: str | None,
         opts=opts, spec=spec, sampling=sampling, instruction=text, max_tokens=max_tokens,
         dry_run=dry_run, backup=backup, output=output, filter_mode=filter_mode,
         confirm=not yes and not dry_run and sys.stdin.isatty(), show_progress=not quiet,
-        tag=tag or "edit", log=not no_log, prefix_cache=prefix_cache,
+        tag=tag or "edit", log=not no_log, prefix_cache=prefix_cache, memory=memory,
     )
     ctx.exit(session.run(jobs))
 
@@ -185,6 +190,8 @@ class Session:
     tag: str = "edit"
     log: bool = True
     prefix_cache: bool = True
+    memory: MemoryOptions = MemoryOptions()
+    _recall: object | None = None  # the opened memory (memory_store.open_memory)
 
     def run(self, jobs: list[Job]) -> int:
         """Edit each job in turn; the exit status (1 when one ended without an answer,
@@ -200,6 +207,10 @@ class Session:
             with ctrl_c.catching():
                 rt = open_runtime(self.opts, want_draft=self.spec.mode in ("auto", "model", "hybrid"))
             with rt:
+                if self.spec.mode == "auto":
+                    from localspec.memory_store import open_memory
+
+                    self._recall = open_memory(rt.target, enabled=self.memory.enabled, lookup=self.memory.lookup)
                 prepared = [(job, *self._prepare(rt.target, job)) for job in jobs]  # all fit?
                 for job, (prompt, n_prefix), file_tokens in prepared:
                     if ctrl_c.pressed:
@@ -245,7 +256,8 @@ class Session:
         from localspec.models.prefix_store import warm_prefix
 
         name = job.source.name
-        drafter = make_drafter(self.spec, self.sampling, rt.draft, file_tokens, target=rt.target)
+        drafter = make_drafter(self.spec, self.sampling, rt.draft, file_tokens, target=rt.target,
+                               memory=self._recall)
         live = self.show_progress and sys.stderr.isatty()
         with ctrl_c.catching(), EditProgress(Path(name).name, len(file_tokens), enabled=live) as progress:
             # the file's KV state from the prefix cache, or prefilled and stored there

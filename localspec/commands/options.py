@@ -9,6 +9,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -276,6 +277,28 @@ def log_options(f: Callable) -> Callable:
         click.option("--no-log", is_flag=True, envvar="LOCALSPEC_NO_LOG",
                      help="do not record this generation in the acceptance log"),
     )(f)
+
+
+def memory_options(f: Callable) -> Callable:
+    return _stack(
+        click.option("--no-memory", is_flag=True, envvar="LOCALSPEC_NO_MEMORY",
+                     help="neither draft from earlier outputs (kept in the state dir) nor remember this one"),
+        click.option("--lookup", "lookup", multiple=True, metavar="PATH", type=click.Path(exists=True),
+                     help="draft from these files too (a directory: its text files; repeatable), as "
+                          "llama.cpp's static lookup cache"),
+    )(f)
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """--no-memory and --lookup: where `auto` drafts from besides the context."""
+
+    enabled: bool = True
+    lookup: tuple[str, ...] = ()
+
+
+def memory_config(kw: dict) -> MemoryOptions:
+    return MemoryOptions(enabled=not kw.pop("no_memory", False), lookup=tuple(kw.pop("lookup", ()) or ()))
 
 
 def load_options(kw: dict, verbose: bool = False) -> LoadOptions:

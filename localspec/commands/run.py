@@ -13,12 +13,15 @@ from click.core import ParameterSource
 from localspec.acceptance.logdb import log_generation
 from localspec.commands.options import (
     LoadOptions,
+    MemoryOptions,
     gen_config,
     gen_options,
     grammar_options,
     grammar_text,
     load_options,
     log_options,
+    memory_config,
+    memory_options,
     model_options,
     sampling_config,
     sampling_options,
@@ -135,16 +138,20 @@ def run_generation(
     stats_format: str | None,
     tag: str | None = None,
     log: bool = True,
+    memory: MemoryOptions = MemoryOptions(),
 ) -> GenerationStats | None:
     """Load, generate, stream to stdout. Ctrl-C stops and keeps what was printed."""
     # imported here: they load llama.cpp, which `localspec run --help` must not need
     from localspec.core.engine import generate
     from localspec.core.runtime import chat_prompt, make_drafter, open_runtime
+    from localspec.memory_store import open_memory
 
     with open_runtime(opts, want_draft=spec.mode in ("auto", "model", "hybrid")) as rt:
         target = rt.target
         prompt = target.tokenize(text) if raw else chat_prompt(target, text, system)
-        drafter = make_drafter(spec, sampling, rt.draft, target=target)
+        recall = (open_memory(target, enabled=memory.enabled, lookup=memory.lookup)
+                  if spec.mode == "auto" else None)
+        drafter = make_drafter(spec, sampling, rt.draft, target=target, memory=recall)
         events = generate(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen,
                           draft_model=rt.draft)
         out = sys.stdout
@@ -205,6 +212,7 @@ def run_generation(
                    "policy chose each drafter and k (expected vs realised tokens per round)")
 @click.option("-q", "--quiet", is_flag=True, help="print no stats")
 @log_options
+@memory_options
 @click.pass_context
 def run(ctx: click.Context, prompt: tuple[str, ...], prompt_text: str | None, prompt_file: str | None,
         system: str | None, raw: bool, stats_format: str, quiet: bool, tag: str | None, no_log: bool,
@@ -222,11 +230,12 @@ def run(ctx: click.Context, prompt: tuple[str, ...], prompt_text: str | None, pr
         if named:
             raise UsageError(_model_first_message(prompt, named))
     opts = load_options(kw, ctx.obj["verbose"])
+    memory = memory_config(kw)
     spec = spec_config(kw, has_draft=bool(opts.draft and opts.draft.lower() != "none"))
     gen = replace(gen_config(kw), grammar=grammar_text(kw))
     text = read_prompt(prompt, prompt_text, prompt_file)
     run_generation(
         opts, spec, sampling_config(kw), gen, text,
         system=system, raw=raw, stats_format=None if quiet else stats_format,
-        tag=tag, log=not no_log,
+        tag=tag, log=not no_log, memory=memory,
     )

@@ -72,17 +72,23 @@ def stats(since: str | None, as_json: bool, plot_file: str | None) -> None:
     path = logdb.db_path()
     try:
         records = logdb.read_records(cutoff, path)
+        sources = logdb.tokens_by_source(cutoff, path)
     except (sqlite3.Error, OSError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise click.ClickException(f"cannot read the acceptance log {path}: {reason}") from None
     groups = summarise(records)
     alerts = drift.detect(records)
     if as_json:
-        click.echo(json.dumps(_json_doc(path, cutoff, groups, alerts), indent=2))
+        doc = _json_doc(path, cutoff, groups, alerts) | {
+            "by_source": {s: {"drafted": d, "accepted": a} for s, (d, a) in sources.items()}}
+        click.echo(json.dumps(doc, indent=2))
     elif not records:
         click.echo(_empty_message(path, since))
     else:
         _print_table(groups, path, since)
+        if sources:
+            click.echo("draft tokens accepted by source: " + ", ".join(
+                f"{s} {a:,} of {d:,} ({a / d:.0%})" if d else f"{s} 0" for s, (d, a) in sources.items()))
     for alert in alerts:
         click.echo(f"warning: {alert.message()}", err=True)
     if plt is not None and records:
