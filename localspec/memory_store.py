@@ -16,7 +16,7 @@ import sqlite3
 import sys
 import time
 from contextlib import closing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -97,28 +97,54 @@ def load(db: sqlite3.Connection, vocab: str, max_tokens: int) -> list[np.ndarray
 
 
 class StoredMemory(Memory):
-    """A Memory whose added texts are also written to the database (best effort)."""
+    """A Memory whose added texts are also written to the database (best effort); with
+    `defer`, only when commit() says so (edit: an answer that was not written is not
+    remembered either)."""
 
-    def __init__(self, vocab: str, max_tokens: int = MAX_TOKENS, corpora: Sequence[Sequence[int]] = (),
-                 path: Path | str | None = None) -> None:
+    def __init__(self, vocab: str | Callable[[], str], max_tokens: int = MAX_TOKENS,
+                 corpora: Sequence[Sequence[int]] = (), path: Path | str | None = None,
+                 defer: bool = False) -> None:
         super().__init__(max_tokens, corpora)
-        self.vocab, self.path = vocab, path
+        self._vocab = vocab  # a callable is asked once, when the database is first touched
+        self.path, self.defer = Path(path) if path else db_path(), defer
+        self.pending: list[list[int]] = []
+        if not self.path.exists():
+            return  # nothing remembered yet: the file is made by the first write
         try:
-            with closing(connect(path)) as db:
-                for text in load(db, vocab, max_tokens):
+            with closing(connect(self.path)) as db:
+                for text in load(db, self.vocab, max_tokens):
                     super().add(text)
         except sqlite3.Error as exc:
-            _warn(f"memory: cannot read {path or db_path()}: {exc}; drafting without it")
+            _warn(f"memory: cannot read {self.path}: {exc}; drafting without it")
+
+    @property
+    def vocab(self) -> str:
+        if callable(self._vocab):
+            self._vocab = self._vocab()
+        return self._vocab
 
     def add(self, text: Sequence[int]) -> None:
         super().add(text)
-        if not len(text):
+        if len(text):
+            self.pending.append(list(text))
+        if not self.defer:
+            self.commit()
+
+    def commit(self) -> None:
+        """Write the texts added since the last commit."""
+        pending, self.pending = self.pending, []
+        if not pending:
             return
         try:
             with closing(connect(self.path)) as db:
-                append(db, self.vocab, list(text), self.max_tokens)
+                for text in pending:
+                    append(db, self.vocab, text, self.max_tokens)
         except sqlite3.Error as exc:
-            _warn(f"memory: cannot write {self.path or db_path()}: {exc}")
+            _warn(f"memory: cannot write {self.path}: {exc}")
+
+    def discard(self) -> None:
+        """Forget the texts added since the last commit, on disk (this process keeps them)."""
+        self.pending = []
 
 
 def corpus_files(paths_given: Iterable[str]) -> list[Path]:
@@ -163,13 +189,14 @@ def read_corpus(paths_given: Iterable[str], tokenize) -> list[list[int]]:
 
 
 def open_memory(target, *, enabled: bool = True, lookup: Sequence[str] = (),
-                max_tokens: int = MAX_TOKENS) -> Memory | None:
+                max_tokens: int = MAX_TOKENS, defer: bool = False) -> Memory | None:
     """The memory a command drafts from: the stored one of the target's vocabulary
-    (unless `enabled` is off) and the --lookup corpora; None when neither."""
+    (unless `enabled` is off) and the --lookup corpora; None when neither. `defer`:
+    what is added is written only on commit() (StoredMemory)."""
     corpora = read_corpus(lookup, lambda s: target.tokenize(s, False, False)) if lookup else []
     if not enabled:
         return Memory(max_tokens, corpora) if corpora else None
-    return StoredMemory(vocab_key(target.path), max_tokens, corpora)
+    return StoredMemory(lambda: vocab_key(target.path), max_tokens, corpora, defer=defer)
 
 
 def _warn(message: str) -> None:

@@ -210,7 +210,8 @@ class Session:
                 if self.spec.mode == "auto":
                     from localspec.memory_store import open_memory
 
-                    self._recall = open_memory(rt.target, enabled=self.memory.enabled, lookup=self.memory.lookup)
+                    self._recall = open_memory(rt.target, enabled=self.memory.enabled, lookup=self.memory.lookup,
+                                               defer=True)
                 prepared = [(job, *self._prepare(rt.target, job)) for job in jobs]  # all fit?
                 for job, (prompt, n_prefix), file_tokens in prepared:
                     if ctrl_c.pressed:
@@ -287,7 +288,9 @@ class Session:
                    "context": "the context filled up (raise -c)"}.get(
                 stats.stop_reason if stats else "", "the model ended without closing the block")
             click.echo(f"{name}: no complete answer ({why}); nothing written", err=True)
+            getattr(self._recall, "discard", lambda: None)()  # nor remembered
             return False
+        getattr(self._recall, "commit", lambda: None)()
         return self._apply(job, outcome.body)
 
     def _log(self, rt, stats, reply: str) -> None:
