@@ -289,3 +289,49 @@ def test_infill_prompt_is_llama_servers_layout(qwen_draft):
     assert short[:pre] == [] and short[pre + 1 : short.index(fim["suf"])][-1:] == m.tokenize("    ", False, True)[-1:]
     typed = m.tokenize("    ", False, True)
     assert len(short[short.index(fim["suf"]) + 1 : -1]) == min(len(tok("\nprint(f(1))\n")), 16 // 4 - 2 - len(typed))
+
+
+def test_cache_reuse_moves_a_cached_run_by_kv_shifting(smol):
+    """--cache-reuse: the prefix window scrolled (its first lines dropped); the cached
+    rest moves left instead of being prefilled again, and the next token is the one a
+    fresh prefill gives."""
+    import numpy as np
+
+    m = smol
+    tok = lambda s: m.tokenize(s, add_special=False, parse_special=False)
+    head = tok("# file: shapes.py\n")
+    drop = tok("import os\nimport sys\n")
+    keep = tok("".join(f"def area_{i}(x):\n    return {i} * x * x\n\n" for i in range(8)))
+    tail = tok("def area_9(x):\n    return")
+    m.rewind(0, force=True)
+    fresh = m.decode(head + keep + tail, "last")[-1].copy()
+    m.rewind(0, force=True)
+    m.decode(head + drop + keep + tok("\n# old end\n"), "last")
+    prompt = head + keep + tail
+    assert m.reuse_chunks(0, prompt, len(head), min_chunk=len(keep) + 1) == len(head)  # no run that long
+    m.rewind(0, force=True)
+    m.decode(head + drop + keep + tok("\n# old end\n"), "last")
+    held = m.reuse_chunks(0, prompt, len(head), min_chunk=16)
+    assert held == len(head) + len(keep)
+    assert m.seq_tokens(0) == prompt[:held] and m.kv_len(0) == held  # cells moved, the gap closed
+    row = m.decode(prompt[held:], "last")[-1]
+    assert int(np.argmax(row)) == int(np.argmax(fresh))
+    # close to a fresh prefill, not equal: the moved run's cells were computed after the
+    # dropped lines (unmoved cells, their positions left as they were, are ~8 logits off)
+    assert float(np.max(np.abs(row - fresh))) < 3.0
+    m.rewind(0, force=True)
+
+
+def test_serve_cache_reuse_skips_the_moved_run_at_prefill(smol_path):
+    m = Model(ModelConfig(path=smol_path, n_ctx=2048, n_seq_max=1, n_threads=2))
+    settings = ServeSettings(model_id="smol", log_generations=False, max_tokens_limit=64)
+    body = "".join(f"def area_{i}(x):\n    return {i} * x * x\n\n" for i in range(8))
+    try:
+        for reuse, expect_moved in ((0, False), (16, True)):
+            with Server(m, settings=settings, n_slots=1, spec=SpecConfig(mode="ngram"), cache_reuse=reuse) as s:
+                post(s, "/completion", {"prompt": "# shapes\nimport os\nimport sys\n" + body, "n_predict": 1})
+                t = post(s, "/completion", {"prompt": "# shapes\n" + body + "def", "n_predict": 1}).json()["timings"]
+                assert (t["cache_n"] > 40) == expect_moved, t
+            m.rewind(0, force=True)
+    finally:
+        m.close()

@@ -96,8 +96,10 @@ log = logging.getLogger("localspec.serve")
               help="let web pages of ORIGIN (e.g. http://localhost:3000; '*' any) read replies (CORS; "
                    "repeatable). Without it no page of another origin can read them")
 @click.option("--cache-reuse", "cache_reuse", type=click.IntRange(min=0), default=0, metavar="N",
-              help="accepted for llama-server command lines: localspec reuses the longest start of a "
-                   "prompt that a free slot holds, not chunks moved by KV shifting")
+              help="past the longest start of a prompt that a free slot holds, also reuse the slot's "
+                   "cached runs of at least N tokens the prompt repeats further on, moved by KV shifting "
+                   "(llama-server's --cache-reuse; approximate: greedy output may then differ from a "
+                   "fresh prefill) [default: 0, off]")
 @click.option("--no-log", is_flag=True, help="do not write requests to the acceptance log")
 @click.option("--no-memory", is_flag=True,
               help="do not draft from earlier replies (by default one memory per API key, kept "
@@ -150,7 +152,8 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         c = profile.c if profile and spec.mode in ("model", "hybrid") else None
         limits = spec_threshold(spec_disable, profile, c or 0.0)
         cfg = SchedulerConfig(n_slots=parallel, queue_size=4 * parallel if queue_size is None else queue_size,
-                              spec=spec, spec_limits=limits, prefill_chunk=prefill_chunk)
+                              spec=spec, spec_limits=limits, prefill_chunk=prefill_chunk,
+                              cache_reuse=cache_reuse)
         scheduler = Scheduler(target, cfg, draft=draft)
         settings = ServeSettings(
             model_id=model_id_for(target.path, alias), api_key=api_key, max_body_bytes=max_body_bytes,

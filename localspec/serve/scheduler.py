@@ -57,6 +57,7 @@ class SchedulerConfig:
     # the limit by context length (policy.spec_threshold); when given it replaces the one above
     spec_limits: BatchLimits | None = None
     prefill_chunk: int = 256
+    cache_reuse: int = 0  # --cache-reuse N: move cached runs of >= N tokens (KV shifting); 0: off
 
 
 @dataclass
@@ -215,6 +216,8 @@ class Scheduler:
             seq = self.free.pop(best)
             job.slot = seq
             try:
+                if self.cfg.cache_reuse > 0:  # the rest of the prompt may be further on in the slot
+                    held[best] = self.target.reuse_chunks(seq, job.prompt, held[best], self.cfg.cache_reuse)
                 self._free_draft(seq)  # whatever the slot's last user left
                 drafter = self._drafter(job, seq)
                 state = SeqState(self.target, seq, job.prompt, drafter, sampling=job.sampling,

@@ -369,6 +369,34 @@ class Model(PrefixCache, Owned):
             return np.empty((0, self.n_vocab), dtype=np.float32)
         return np.ctypeslib.as_array(_ll.llama_get_logits(self._ctx), shape=(n_rows, self.n_vocab))
 
+    def reuse_chunks(self, seq: int, prompt: Sequence[int], start: int, min_chunk: int) -> int:
+        """llama-server's --cache-reuse N: past the `start` tokens sequence `seq` shares
+        with `prompt`, every cached run of at least `min_chunk` tokens that `prompt`
+        repeats further on is moved to its place in it (KV shifting: llama.cpp moves the
+        cells' positions and re-rotates their keys) and the cells between are dropped.
+        Returns how many leading tokens of `prompt` the sequence now holds. Approximate,
+        as in llama.cpp: a moved run's cells were computed after other text than the
+        prompt now puts before it. A model whose cache cannot shift keeps `start`."""
+        if min_chunk <= 0 or not _ll.llama_memory_can_shift(self._mem):
+            return start
+        cached = self.seq_tokens(seq)
+        head_c = head_p = start
+        while head_c < len(cached) and head_p < len(prompt):
+            n = 0
+            while (head_c + n < len(cached) and head_p + n < len(prompt)
+                   and cached[head_c + n] == prompt[head_p + n]):
+                n += 1
+            if n >= min_chunk:
+                _ll.llama_memory_seq_rm(self._mem, seq, head_p, head_c)
+                _ll.llama_memory_seq_add(self._mem, seq, head_c, head_c + n, head_p - head_c)
+                cached[head_p : head_p + n] = cached[head_c : head_c + n]
+                head_c, head_p = head_c + n, head_p + n
+            else:
+                head_c += 1
+        _ll.llama_memory_seq_rm(self._mem, seq, head_p, -1)
+        del cached[head_p:]
+        return head_p
+
     def rewind(self, n_past: int, force: bool = False, *, seq: int = 0) -> None:
         """Forget sequence `seq`'s tokens from position n_past on (rejected drafts, an
         edited turn; 0 frees a server slot). `force` clears the cells even when the record
