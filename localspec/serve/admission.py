@@ -7,16 +7,22 @@
   words, as OpenAI and vLLM do rather than cutting the reply short)
 - busy: a full wait queue is a 429, a draining or stopped server a 503, both with
   Retry-After (the official OpenAI clients wait that long before retrying)
+- preparing: the work before a request can queue (body parse, validation, schema
+  conversion, chat template, tokenizing) runs on a small pool off the event loop, and
+  requests being prepared count against the wait queue (Preparation)
 - drain: on SIGTERM the server stops admitting, gives admitted requests a grace period,
   then fails what is left with a 503, so every client gets an answer before exit
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import math
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
 
 from starlette.requests import Request
 
@@ -28,6 +34,8 @@ if TYPE_CHECKING:
     from localspec.serve.scheduler import Scheduler
 
 MAX_MESSAGES = 2048  # OpenAI's own limit on a chat request's messages
+PREPARE_WORKERS = 2
+T = TypeVar("T")
 
 
 class Refused(ApiError):
@@ -138,3 +146,29 @@ class Drain:
     def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+
+
+class Preparation:
+    """A request's work before it can queue, on PREPARE_WORKERS threads: the event loop
+    only reads bodies and streams replies, so one heavy request cannot stall /health or
+    other clients. A request being prepared holds a place in the wait queue: when the
+    queue has no room for it, it is a 429 before any of that work is done."""
+
+    def __init__(self, workers: int = PREPARE_WORKERS) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="localspec-prepare")
+        self.running = 0  # read and written on the event loop only
+
+    async def run(self, scheduler: Scheduler, metrics: Metrics, fn: Callable[..., T], *args: object) -> T:
+        """fn(*args) on the pool, once the queue has room for one more request."""
+        if self.running >= scheduler.room():
+            snap = scheduler.snapshot()
+            raise queue_full(f"{snap['active']} of {snap['slots']} slots are busy, {snap['queued']} requests are "
+                             f"queued and {self.running} are being prepared", snap, metrics)
+        self.running += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        finally:
+            self.running -= 1
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,7 +1,8 @@
 """The ASGI app (Starlette): OpenAI-compatible routes over the scheduler.
 
-Handlers never touch the llama.cpp context: they validate, tokenize (read-only on the
-vocabulary), submit a Job, and await its events on an asyncio.Queue that the scheduler
+Handlers never touch the llama.cpp context: they read the body, have it validated,
+rendered and tokenized (read-only on the vocabulary) on the preparation pool
+(admission.Preparation), submit a Job, and await its events on an asyncio.Queue that the scheduler
 thread fills through loop.call_soon_threadsafe. A watcher task per request cancels the
 job when the client disconnects, so its slot and KV cells are freed at the next step.
 """
@@ -78,6 +79,7 @@ def create_app(scheduler: Scheduler, target: Model, settings: ServeSettings) -> 
             yield
         finally:
             await asyncio.to_thread(scheduler.stop)
+            api.preparation.close()
             api.log_pool.shutdown(wait=True)
 
     routes = [
@@ -126,6 +128,18 @@ KEEP_ALIVE = ": keep-alive\n\n"
 _QUIET = object()  # no event within the keep-alive interval
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A request ready to queue (_Api._prepare)."""
+
+    req: GenRequest
+    prompt: list[int]
+    prompt_text: str
+    plan: ToolPlan | None
+    gen: GenerationConfig
+    extra: list[int]  # the prediction's tokens
+
+
 class _Api:
     def __init__(self, scheduler: Scheduler, target: Model, settings: ServeSettings) -> None:
         self.scheduler = scheduler
@@ -134,6 +148,7 @@ class _Api:
         self.metrics_ = scheduler.metrics
         self.log_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-log")
         self.memories: dict[int | None, Memory] = {}  # by API key (its index in --api-key)
+        self.preparation = admission.Preparation()
 
     # ----- plain routes -------------------------------------------------------------
 
@@ -192,22 +207,13 @@ class _Api:
             if self.scheduler.draining:
                 raise admission.unavailable("the server is shutting down")
             who = self._auth(request)
-            body = protocol.parse_json(await admission.read_body(request, self.settings.max_body_bytes))
-            req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
-            admission.check_messages(len(req.messages), self.settings.max_messages)
-            # tokenizing a long prompt takes a while: keep the event loop free meanwhile
-            prompt, prompt_text, plan = await asyncio.to_thread(self._prompt, req)
-            n = admission.max_tokens(req.max_tokens, len(prompt), self.target.n_ctx_seq, kind, self.settings)
-            if req.grammar:
-                await asyncio.to_thread(self._check_grammar, req.grammar)
+            raw = await admission.read_body(request, self.settings.max_body_bytes)
+            prep = await self.preparation.run(self.scheduler, self.metrics_, self._prepare, raw, kind)
+            req = prep.req
             queue: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
-            extra = (await asyncio.to_thread(self.target.tokenize, req.prediction, False, False)
-                     if req.prediction else [])
-            gen = GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos,
-                                   logprobs=req.logprobs, grammar=req.grammar)
-            job = Job(prompt, self._sampling(req), gen,
-                      sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), extra=extra,
+            job = Job(prep.prompt, self._sampling(req), prep.gen,
+                      sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), extra=prep.extra,
                       memory=self._memory(who) if req.memory else None)
             try:
                 self.scheduler.submit(job)
@@ -223,7 +229,7 @@ class _Api:
             return Response(status_code=499)
         self.metrics_.generation_started(kind)
         watcher = asyncio.create_task(_watch_disconnect(request, job, queue))
-        call = _Call(self, req, job, queue, watcher, prompt_text, plan)
+        call = _Call(self, req, job, queue, watcher, prep.prompt_text, prep.plan)
         if req.stream:
             return _EventStream(call)
         return await call.complete()
@@ -241,6 +247,37 @@ class _Api:
         if memory is None:
             memory = self.memories.setdefault(who, Memory(self.settings.memory_tokens))
         return memory
+
+    def _prepare(self, raw: bytes, kind: str) -> _Prepared:
+        """Everything a request needs before it can queue, on the preparation pool (a
+        worker thread): the body parsed and validated, the messages counted before they
+        are validated one by one, the prompt rendered and tokenized, the token budget,
+        the grammar checked by llama.cpp, the prediction tokenized. Raises ApiError."""
+        body = protocol.parse_json(raw)
+        if isinstance(body.get("messages"), list):
+            admission.check_messages(len(body["messages"]), self.settings.max_messages)
+        req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_completion(body)
+        prompt, prompt_text, plan = self._prompt(req)
+        n = admission.max_tokens(req.max_tokens, len(prompt), self.target.n_ctx_seq, kind, self.settings)
+        if req.grammar:
+            self._check_grammar(req.grammar)
+        gen = GenerationConfig(max_tokens=n, stop=req.stop, ignore_eos=req.ignore_eos,
+                               logprobs=req.logprobs, grammar=req.grammar)
+        return _Prepared(req, prompt, prompt_text, plan, gen, self._prediction(req))
+
+    def _prediction(self, req: GenRequest) -> list[int]:
+        """The prediction's tokens (a draft source the scheduler indexes): at most a
+        slot's context, the most a reply can repeat of it."""
+        if not req.prediction:
+            return []
+        tokens = self.target.tokenize(req.prediction, False, False)
+        limit = self.target.n_ctx_seq
+        if len(tokens) > limit:
+            raise protocol.bad_request(f"'prediction' is {len(tokens)} tokens; a reply here is at most {limit} "
+                                       "tokens (a slot's context), so at most that much can be predicted.",
+                                       "prediction", "invalid_value")
+        return tokens
+
 
     def _prompt(self, req: GenRequest) -> tuple[list[int], str, ToolPlan | None]:
         """Token ids for the request (chat: the model's chat template), its text for the

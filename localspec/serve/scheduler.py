@@ -145,6 +145,13 @@ class Scheduler:
             self.queue.append(job)
             self._cv.notify()
 
+    def room(self) -> int:
+        """How many more jobs submit() would take now (clients that left while waiting
+        do not count): requests being prepared are admitted against it."""
+        with self._cv:
+            self.queue = deque(j for j in self.queue if not j.cancelled.is_set())
+            return self.cfg.queue_size + len(self.free) - len(self.queue)
+
     def snapshot(self) -> dict:
         """Live state for /health and /metrics (read without stopping the loop)."""
         limit = self._limit()

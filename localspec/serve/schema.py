@@ -148,10 +148,12 @@ class Tool(_Body):
 
 
 def _unique_names(tools: list[Tool]) -> list[Tool]:
-    names = [t.function.name for t in tools]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise PydanticCustomError(INVALID, "function names must be unique ({name} twice)", {"name": repr(dup)})
+    seen: set[str] = set()  # a set: a request may carry thousands of tools
+    for t in tools:
+        if t.function.name in seen:
+            raise PydanticCustomError(INVALID, "function names must be unique ({name} twice)",
+                                      {"name": repr(t.function.name)})
+        seen.add(t.function.name)
     return tools
 
 
