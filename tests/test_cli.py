@@ -75,8 +75,8 @@ def test_help_and_completion_without_llama_cpp(no_llama_cpp):
     top = cli("--help", timeout=60, env=no_llama_cpp)
     assert top.returncode == 0, top.stderr
     assert "run " in top.stdout and "serve " in top.stdout
-    for command in ("run", "chat", "edit", "models", "ls", "ps", "stats", "pull", "tune", "bench",
-                    "worker", "doctor"):
+    for command in ("run", "chat", "edit", "serve", "models", "ls", "ps", "stats", "pull", "tune",
+                    "bench", "worker", "doctor"):
         proc = cli(command, "--help", timeout=60, env=no_llama_cpp)
         assert proc.returncode == 0, (command, proc.stderr)
         assert proc.stdout.startswith(f"Usage: localspec {command} [OPTIONS]")
@@ -89,7 +89,7 @@ def test_help_and_completion_without_llama_cpp(no_llama_cpp):
 
 
 def test_commands_needing_llama_cpp_fail_in_one_line_without_it(no_llama_cpp):
-    for args in (("run", "-m", "smollm2-135m", "hi"), ("serve", "--help")):
+    for args in (("run", "-m", "smollm2-135m", "hi"), ("serve", "-m", "smollm2-135m")):
         proc = cli(*args, timeout=60, env=no_llama_cpp)
         assert proc.returncode == 1, (args, proc.stderr)
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

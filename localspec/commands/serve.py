@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import uvicorn
@@ -25,9 +26,6 @@ from localspec.commands.options import (
 from localspec.core.chat_template import refuse_hostile
 from localspec.core.config import SpecConfig
 from localspec.core.errors import UsageError
-from localspec.core.runtime import find_profile, open_runtime
-from localspec.serve.admission import MAX_MESSAGES, Drain
-from localspec.serve.app import ServeSettings, create_app, model_id_for
 from localspec.serve.connections import (
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
@@ -37,11 +35,14 @@ from localspec.serve.connections import (
 )
 from localspec.serve.policy import (
     DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE,
+    MAX_MESSAGES,
     default_n_ctx,
     spec_threshold,
 )
-from localspec.serve.scheduler import Scheduler, SchedulerConfig
 from localspec.servers import ServerRecord
+
+if TYPE_CHECKING:
+    from localspec.serve.admission import Drain
 
 log = logging.getLogger("localspec.serve")
 
@@ -128,6 +129,12 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
     draft decode per token. --spec auto chooses per slot between n-gram, the model and
     plain decoding (without a draft model it means ngram here).
     """
+    # the engine, llama.cpp among it, loads here: `serve --help` needs none of it
+    from localspec.core.runtime import find_profile, open_runtime
+    from localspec.serve.admission import Drain
+    from localspec.serve.app import ServeSettings, create_app, model_id_for
+    from localspec.serve.scheduler import Scheduler, SchedulerConfig
+
     verbose = bool(ctx.obj and ctx.obj.get("verbose"))
     _setup_logging(verbose)
     if ctx.get_parameter_source("n_ctx") == click.core.ParameterSource.DEFAULT:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from starlette.requests import Request
 
+from localspec.serve.policy import MAX_MESSAGES  # noqa: F401  (re-exported: app's default)
 from localspec.serve.protocol import ApiError, bad_request
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from localspec.serve.metrics import Metrics
     from localspec.serve.scheduler import Scheduler
 
-MAX_MESSAGES = 2048  # OpenAI's own limit on a chat request's messages
 PREPARE_WORKERS = 2
 T = TypeVar("T")
 

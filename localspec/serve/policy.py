@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE = 1
 PER_SLOT_CTX = 4096  # default context for every slot ...
 MAX_DEFAULT_CTX = 32768  # ... up to this much in all (KV memory grows with it)
+MAX_MESSAGES = 2048  # OpenAI's own limit on a chat request's messages
 
 
 def default_n_ctx(n_slots: int) -> int:
