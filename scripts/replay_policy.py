@@ -34,21 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
-import statistics
 import sys
 
 import numpy as np
 
+from localspec.bench.replay import FIXED_K, replay_trace, true_curve
 from localspec.core.config import ModelConfig, SpecConfig
-from localspec.core.drafters.auto import AutoDrafter
-from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter
-from localspec.core.drafters.ngram import NgramDrafter
-from localspec.core.engine import AdaptiveK
-from localspec.models.profile import Profile, merge_online
-
-# the fixed k auto is judged against, adaptive and fixed (15 fixed: edit's old default)
-FIXED_K = (4, 8, 15, 16, 32, 64, 128, 256)
+from localspec.models.profile import Profile
 
 
 def record(path: str, target: str, draft: str, prompts: str | None = None,
@@ -89,83 +81,6 @@ def record(path: str, target: str, draft: str, prompts: str | None = None,
             json.dump(out, f)
 
 
-class ReplayModelDrafter(DrafterBase):
-    """The draft model's recorded greedy tokens (stops below p_min like ModelDrafter)."""
-
-    name = "model"
-
-    def __init__(self, trace: dict, p_min: float = 0.75) -> None:
-        self.trace, self.p_min, self.n0 = trace, p_min, 0
-
-    def begin(self, prompt):
-        self.n0 = len(prompt)
-
-    def draft(self, context, k):
-        j = len(context) - self.n0  # the draft predicts ids[j] next
-        ids, arg, top = self.trace["ids"], self.trace["d_arg"], self.trace["d_p"]
-        toks: list[int] = []
-        for i in range(j, min(j + k, len(arg))):
-            if toks and top[i] < self.p_min:
-                break
-            toks.append(arg[i])
-            if i < len(ids) and arg[i] != ids[i]:
-                toks += [-1] * (k - len(toks))  # off the target's path: wrong from here on
-                break
-        return Draft(tokens=toks, source="model")
-
-
-def replay(trace: dict, drafter, v: list[float], c: float, k_max: int, adaptive: bool,
-           noise: float = 0.0, seed: int = 0) -> float:
-    """Modelled decode time (in one-token times) of the trace's output with `drafter`;
-    v[n - 1] is the true V(n) (len(v) > k_max)."""
-    ids, rng = trace["ids"], random.Random(seed)
-    policy = AdaptiveK(SpecConfig(mode="replay", draft_max=k_max, adaptive=adaptive))
-    drafter.begin(trace["prompt"])
-    tokens, done, total = [*trace["prompt"], ids[0]], 1, 0.0
-    while done < len(ids):
-        k = min(policy.k, len(ids) - done - 1)
-        d = drafter.draft(tokens, k) if k > 0 else Draft()
-        n = len(d.tokens[:k])
-        a = 0
-        while a < n and d.tokens[a] == ids[done + a]:
-            a += 1
-        verify = v[n]
-        draft_cost = n * c if d.source == "model" else 0.0
-        total += verify + draft_cost
-        seen = verify * (math.exp(rng.gauss(0, noise)) if noise else 1.0)
-        policy.update(n, a)
-        drafter.observe(n, a, seen, draft_cost)
-        tokens += ids[done : done + a + 1]
-        done += a + 1
-    drafter.end()  # the end of a generation: auto hands what it measured to `store`
-    return total
-
-
-def oracle(trace: dict, drafter, v: list[float], k_max: int, perfect: bool = False) -> float:
-    """The least modelled decode time any drafting policy could reach with `drafter`: an
-    oracle that knows how much of each draft the target accepts drafts exactly that
-    prefix, cut where the curve is cheapest (dynamic programming over the output).
-    `perfect`: a drafter that always proposes the target's own continuation (the cap of
-    speculative decoding itself on this curve)."""
-    ids = trace["ids"]
-    n = len(ids)
-    accept = [n - 1 - i for i in range(n)] if perfect else [0] * n
-    if not perfect:
-        drafter.begin(trace["prompt"])
-        tokens = [*trace["prompt"], ids[0]]
-        for done in range(1, n):
-            d = drafter.draft(tokens, min(k_max, n - done - 1)).tokens
-            a = 0
-            while a < len(d) and d[a] == ids[done + a]:
-                a += 1
-            accept[done] = a
-            tokens.append(ids[done])
-    cost = [0.0] * (n + 1)
-    for i in range(n - 1, 0, -1):
-        cost[i] = min(v[m] + cost[i + m + 1] for m in range(min(accept[i], k_max) + 1))
-    return cost[1]
-
-
 def measure_curve(path: str, target: str, n_max: int) -> None:
     """V(n) of the target up to n_max (every n to 32, then costs.GRID's sizes; best of 3
     tries at each, as bench's V(n)), saved as {"sizes": [...], "v": [...]}."""
@@ -185,78 +100,6 @@ def measure_curve(path: str, target: str, n_max: int) -> None:
         print(f"V({n}) = {ms[-1] / ms[0]:.2f}", file=sys.stderr)
     with open(path, "w") as f:
         json.dump({"sizes": sizes, "v": [m / ms[0] for m in ms], "t_token_s": ms[0] / 1000}, f)
-
-
-def true_curve(spec: str, n_max: int, profile: Profile | None) -> list[float]:
-    """V(1..n_max) for the replay's cost: "gpu" (1 + 0.02 n), "profile" (the tune profile,
-    extended linearly), or a file from `vcurve` (linear between its sizes)."""
-    n = np.arange(1, n_max + 1)
-    if spec == "gpu":
-        return [float(x) for x in 1 + 0.02 * n]
-    if spec == "profile":
-        sizes, v = np.arange(1, len(profile.vcurve) + 1), np.asarray(profile.vcurve)
-    else:
-        with open(spec) as f:
-            data = json.load(f)
-        sizes, v = np.asarray(data["sizes"]), np.asarray(data["v"])
-    slope = (v[-1] - v[len(v) // 2]) / (sizes[-1] - sizes[len(v) // 2])
-    out = np.interp(n, sizes, v)
-    out[n > sizes[-1]] = v[-1] + slope * (n[n > sizes[-1]] - sizes[-1])
-    return [float(x) for x in out]
-
-
-def tuned(v: list[float], c: float, n: int = 64) -> Profile:
-    """The profile `localspec tune` would measure on that curve (V(1..64), c)."""
-    return Profile(key="replay", target="t", draft="d", device="cpu", n_threads=2, n_gpu_layers=0,
-                   t_token_s=1.0, vcurve=v[:n], prefill_tok_s=0.0, draft_t_token_s=c)
-
-
-def fresh_then_stored(tr: dict, ng, model, v: list[float], c: float, k: int, noise: float,
-                      seed: int) -> tuple[float, float]:
-    """(first run with no profile, a second run informed by what the first stored)."""
-    stored: dict = {}
-
-    def keep(measured, t1):
-        stored.update(merge_online({}, measured))
-
-    t_first = replay(tr, AutoDrafter(ng(), model(), None, k_max=k, store=keep), v, c, k, False,
-                     noise, seed)
-    second = Profile(key="replay", target="t", draft=None, device="cpu", n_threads=2,
-                     n_gpu_layers=0, t_token_s=1.0, vcurve=[], prefill_tok_s=0.0, online=stored)
-    t_second = replay(tr, AutoDrafter(ng(), model(), second, k_max=k), v, c, k, False, noise, seed + 1)
-    return t_first, t_second
-
-
-def replay_trace(tr: dict, v: list[float], c: float, args) -> dict[str, float]:
-    """Speedups over plain decoding of every fixed choice and of auto (informed by a tune
-    profile, fresh, and second run), mean over the noise seeds."""
-    sizes, extra = (args.edit_ngram if tr["tag"] == "edit" else (1, 4)), tr["extra"]
-
-    def ng(sizes=sizes, extra=extra) -> NgramDrafter:
-        return NgramDrafter(*sizes, extra=extra)
-
-    def model(tr=tr) -> ReplayModelDrafter | None:
-        return ReplayModelDrafter(tr) if args.model else None
-
-    plain = replay(tr, NoDrafter(), v, c, 1, False)
-    out = {}
-    for k in FIXED_K:
-        out[f"ngram {k}"] = plain / replay(tr, ng(), v, c, k, True)
-        out[f"ngram ={k}"] = plain / replay(tr, ng(), v, c, k, False)
-        if args.model and k <= 16:
-            out[f"model {k}"] = plain / replay(tr, ReplayModelDrafter(tr), v, c, k, True)
-    seeds = range(args.seeds if args.noise else 1)
-    if args.bound:
-        out["bound"] = plain / oracle(tr, ng(), v, max(args.k_max))
-        out["perfect"] = plain / oracle(tr, None, v, max(args.k_max), perfect=True)
-    for k in args.k_max:
-        informed = [replay(tr, AutoDrafter(ng(), model(), tuned(v, c), k_max=k), v, c, k, False,
-                           args.noise, s) for s in seeds]
-        runs = [fresh_then_stored(tr, ng, model, v, c, k, args.noise, s) for s in seeds]
-        out[f"auto {k}"] = plain / statistics.mean(informed)
-        out[f"fresh {k}"] = plain / statistics.mean(r[0] for r in runs)
-        out[f"second {k}"] = plain / statistics.mean(r[1] for r in runs)
-    return out
 
 
 def main() -> int:

@@ -1,26 +1,17 @@
-"""scripts/replay_policy.py's oracle bound: the least modelled decode time any policy
+"""The replay's oracle bound (bench/replay.py, run by scripts/replay_policy.py): the least modelled decode time any policy
 could reach with a drafter (it drafts exactly the prefix the target accepts, cut where
 the curve is cheapest). Pure Python: a synthetic edit (a file copied with changes)."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
 import pytest
 
+from localspec.bench import replay as rp
 from localspec.core.drafters import NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter
-
-
-@pytest.fixture(scope="module")
-def rp():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "replay_policy.py"
-    spec = importlib.util.spec_from_file_location("replay_policy", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def edit_trace(seed: int) -> dict:
@@ -45,7 +36,7 @@ CURVES = {
 
 @pytest.mark.parametrize("curve", CURVES)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_oracle_is_a_lower_bound_on_every_policy(rp, curve, seed):
+def test_oracle_is_a_lower_bound_on_every_policy(curve, seed):
     """No fixed k (adaptive or not) and no auto run takes less modelled time than the
     oracle with the same drafter; the perfect drafter takes less still, and plain
     decoding more."""
@@ -65,7 +56,7 @@ def test_oracle_is_a_lower_bound_on_every_policy(rp, curve, seed):
     assert bound > 0.5 * min(times)
 
 
-def test_perfect_drafter_on_a_linear_curve(rp):
+def test_perfect_drafter_on_a_linear_curve():
     """With every token drafted right and V(n) = n (no batching gain) nothing beats
     plain decoding; with V(n) = 1 the whole output takes one verify per 64 + 1 tokens."""
     tr = edit_trace(3)
@@ -74,7 +65,7 @@ def test_perfect_drafter_on_a_linear_curve(rp):
     assert rp.oracle(tr, None, [1.0] * 100, 64, perfect=True) == pytest.approx(-(-n // 65))
 
 
-def test_the_shipped_avx512_curve_replays_as_measured(rp):
+def test_the_shipped_avx512_curve_replays_as_measured():
     path = Path(__file__).resolve().parents[1] / "scripts" / "curves" / "avx512_2core.json"
     v = rp.true_curve(str(path), 300, None)  # v[n - 1] = V(n)
     assert v[0] == 1.0 and len(v) == 300
