@@ -4,6 +4,7 @@ the curve is cheapest). Pure Python: a synthetic edit (a file copied with change
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -65,11 +66,31 @@ def test_perfect_drafter_on_a_linear_curve():
     assert rp.oracle(tr, None, [1.0] * 100, 64, perfect=True) == pytest.approx(-(-n // 65))
 
 
-def test_the_shipped_avx512_curve_replays_as_measured():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "curves" / "avx512_2core.json"
-    v = rp.true_curve(str(path), 300, None)  # v[n - 1] = V(n)
-    assert v[0] == 1.0 and len(v) == 300
-    # the jag the file records: 8 tokens cost more per token than 4 or 16
-    assert v[7] / 8 > v[3] / 4 and v[7] / 8 > v[15] / 16
-    assert 2.8 < 128 / v[127] < 2.9  # 2.88 tokens per one-token time at 128, as measured
-    assert all(b >= a for a, b in zip(v[255:], v[256:]))  # extended past 256, never falling
+CURVE_DIR = Path(__file__).resolve().parents[1] / "scripts" / "curves"
+# a jagged curve whose last point lies below its middle one: the extension may fall
+SYNTHETIC = {"sizes": [1, 2, 4, 8, 9, 16, 24], "v": [1.0, 1.4, 2.1, 5.0, 3.1, 4.0, 3.8]}
+
+
+@pytest.mark.parametrize("name", [*sorted(p.name for p in CURVE_DIR.glob("*.json")), "synthetic"])
+def test_a_curve_file_replays_as_measured(name, tmp_path):
+    """The replay's V(n) from any measured curve file (the shipped ones and a jagged one):
+    the file's value at every size it measured, linear between them, and past its last
+    size linear with the slope over its upper half (the sizes from the middle one on)."""
+    path = CURVE_DIR / name
+    if name == "synthetic":
+        path = tmp_path / "synthetic.json"
+        path.write_text(json.dumps(SYNTHETIC))
+    data = json.loads(path.read_text())
+    sizes, values = data["sizes"], data["v"]
+    n_max = 2 * sizes[-1] + 3
+    v = rp.true_curve(str(path), n_max, None)  # v[n - 1] = V(n)
+    assert len(v) == n_max
+    for n, x in zip(sizes, values):
+        assert v[n - 1] == pytest.approx(x)
+    for (a, va), (b, vb) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
+        for n in range(a + 1, b):
+            assert v[n - 1] == pytest.approx(va + (vb - va) * (n - a) / (b - a))
+    mid = len(sizes) // 2
+    slope = (values[-1] - values[mid]) / (sizes[-1] - sizes[mid])
+    for n in range(sizes[-1] + 1, n_max + 1):
+        assert v[n - 1] == pytest.approx(values[-1] + slope * (n - sizes[-1]))
