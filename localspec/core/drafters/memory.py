@@ -21,24 +21,24 @@ import numpy as np
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.suffix import SEP, SuffixIndex, longest_match, most_frequent
 
-MAX_TOKENS = 1 << 20  # a memory's default bound (texts and separators)
-KEEP = 0.75  # share of the bound kept when the oldest texts are dropped (drops are rare)
-MIN_SHARE = 0.3  # a continuation fewer of the followed occurrences agree on ends the draft
+MEMORY_MAX_TOKENS = 1 << 20  # a memory's default bound (texts and separators)
+MEMORY_KEEP = 0.75  # share of the bound kept when the oldest texts are dropped (drops are rare)
+MEMORY_MIN_SHARE = 0.3  # a continuation fewer of the followed occurrences agree on ends the draft
 
-LEN_EDGES = (2, 4, 8, 16, 32, 64)  # match length (the matched n-gram plus the draft so far)
-COUNT_EDGES = (1, 2, 3, 5, 9)  # occurrences that continued with the drafted token
+MEMORY_LEN_EDGES = (2, 4, 8, 16, 32, 64)  # match length (the matched n-gram plus the draft so far)
+MEMORY_COUNT_EDGES = (1, 2, 3, 5, 9)  # occurrences that continued with the drafted token
 # prior acceptance by match length, and the share of its misses left at each count: a
 # little below what a repeating session shows, since evidence lifts a low prior in a few
 # rounds while a high one costs failed verifies
-PRIOR_LEN = (0.25, 0.4, 0.55, 0.7, 0.8, 0.9)
-PRIOR_MISS = (1.0, 0.85, 0.7, 0.55, 0.45)
-DECAY = 0.97  # per candidate reaching a bin: the last few dozen decide
-SMOOTH = 2.0  # pseudo-tokens of the prior in each bin
-N_BINS = len(LEN_EDGES) * len(COUNT_EDGES)
+MEMORY_PRIOR_LEN = (0.25, 0.4, 0.55, 0.7, 0.8, 0.9)
+MEMORY_PRIOR_MISS = (1.0, 0.85, 0.7, 0.55, 0.45)
+MEMORY_DECAY = 0.97  # per candidate reaching a bin: the last few dozen decide
+MEMORY_SMOOTH = 2.0  # pseudo-tokens of the prior in each bin
+N_BINS = len(MEMORY_LEN_EDGES) * len(MEMORY_COUNT_EDGES)
 
 
 def _prior() -> np.ndarray:
-    miss = (1.0 - np.asarray(PRIOR_LEN))[:, None] * np.asarray(PRIOR_MISS)[None, :]
+    miss = (1.0 - np.asarray(MEMORY_PRIOR_LEN))[:, None] * np.asarray(MEMORY_PRIOR_MISS)[None, :]
     return (1.0 - miss).ravel()
 
 
@@ -46,7 +46,7 @@ class Memory:
     """Earlier texts of one user (token ids of one vocabulary), newest kept within
     `max_tokens`, and static corpora (never dropped)."""
 
-    def __init__(self, max_tokens: int = MAX_TOKENS, corpora: Sequence[Sequence[int]] = ()) -> None:
+    def __init__(self, max_tokens: int = MEMORY_MAX_TOKENS, corpora: Sequence[Sequence[int]] = ()) -> None:
         self.max_tokens = max_tokens
         self.texts = SuffixIndex()
         self.static = SuffixIndex()
@@ -64,9 +64,9 @@ class Memory:
             self._drop_oldest()
 
     def _drop_oldest(self) -> None:
-        """Keep the newest texts within KEEP of the bound (whole texts: cut after a SEP)."""
+        """Keep the newest texts within MEMORY_KEEP of the bound (whole texts: cut after a SEP)."""
         tokens = self.texts.tokens
-        cut = len(tokens) - int(KEEP * self.max_tokens)
+        cut = len(tokens) - int(MEMORY_KEEP * self.max_tokens)
         seps = np.flatnonzero(tokens[cut:] == SEP)
         start = cut + int(seps[0]) + 1 if len(seps) else len(tokens)
         kept = SuffixIndex()
@@ -113,13 +113,13 @@ class MemoryModel:
         """Each drafted token's bin: the match it continues (match_len + its position)
         and how many occurrences agreed on it."""
         lengths = match_len + np.arange(len(support))
-        lb = np.searchsorted(LEN_EDGES, lengths, side="right") - 1
-        cb = np.searchsorted(COUNT_EDGES, np.asarray(support), side="right") - 1
-        return np.clip(lb, 0, None) * len(COUNT_EDGES) + np.clip(cb, 0, None)
+        lb = np.searchsorted(MEMORY_LEN_EDGES, lengths, side="right") - 1
+        cb = np.searchsorted(MEMORY_COUNT_EDGES, np.asarray(support), side="right") - 1
+        return np.clip(lb, 0, None) * len(MEMORY_COUNT_EDGES) + np.clip(cb, 0, None)
 
     def rates(self, bins: np.ndarray) -> np.ndarray:
         """Acceptance of each drafted token, given the ones before it."""
-        est = (self.accepted + SMOOTH * self.prior) / (self.reached + SMOOTH)
+        est = (self.accepted + MEMORY_SMOOTH * self.prior) / (self.reached + MEMORY_SMOOTH)
         return est[bins]
 
     def reset(self, n_context: int) -> None:
@@ -146,8 +146,8 @@ class MemoryModel:
                 i = p - t.pos
                 b = t.bins[i]
                 if i == 0 or b != t.bins[i - 1]:  # a candidate enters this bin: older ones weigh less
-                    self.reached[b] *= DECAY
-                    self.accepted[b] *= DECAY
+                    self.reached[b] *= MEMORY_DECAY
+                    self.accepted[b] *= MEMORY_DECAY
                 hit = context[p] == t.tokens[i]
                 self.reached[b] += 1.0
                 self.accepted[b] += hit
@@ -208,7 +208,7 @@ class MemoryDrafter(DrafterBase):
         if not n:
             return Draft(source=self.name)
         rows = [ix.following(pos, k) for ix, pos in zip(sources, found) if len(pos)]
-        tokens, support = most_frequent(np.concatenate(rows) if len(rows) > 1 else rows[0], k, MIN_SHARE)
+        tokens, support = most_frequent(np.concatenate(rows) if len(rows) > 1 else rows[0], k, MEMORY_MIN_SHARE)
         if not tokens:
             return Draft(source=self.name)
         draft = Draft(tokens=tokens, source=self.name, match_len=n, support=support)
