@@ -69,3 +69,18 @@ AGE_CAP = 1024  # ages beyond this fall in the last bin
 OPEN_BIN_WIDTH = 64  # the last bin is open: its prior weighs as if it were this wide
 RUN_DECAY = 0.97  # per run reaching a bin: the last few dozen runs at each age decide
 RUN_SMOOTH = 2.0  # pseudo-runs at the prior's acceptance in each bin
+
+# --- auto: the memory of earlier outputs (core/drafters/memory.py) --------------------
+MEMORY_MAX_TOKENS = 1 << 20  # a memory's default bound (texts and separators)
+MEMORY_KEEP = 0.75  # share of the bound kept when the oldest texts are dropped (drops are rare)
+MEMORY_MIN_SHARE = 0.3  # a continuation fewer of the followed occurrences agree on ends the draft
+
+MEMORY_LEN_EDGES = (2, 4, 8, 16, 32, 64)  # match length (the matched n-gram plus the draft so far)
+MEMORY_COUNT_EDGES = (1, 2, 3, 5, 9)  # occurrences that continued with the drafted token
+# prior acceptance by match length, and the share of its misses left at each count: a
+# little below what a repeating session shows, since evidence lifts a low prior in a few
+# rounds while a high one costs failed verifies
+MEMORY_PRIOR_LEN = (0.25, 0.4, 0.55, 0.7, 0.8, 0.9)
+MEMORY_PRIOR_MISS = (1.0, 0.85, 0.7, 0.55, 0.45)
+MEMORY_DECAY = 0.97  # per candidate reaching a bin: the last few dozen decide
+MEMORY_SMOOTH = 2.0  # pseudo-tokens of the prior in each bin

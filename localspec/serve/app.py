@@ -34,9 +34,9 @@ from starlette.types import Receive, Scope, Send
 from localspec.acceptance import logdb
 from localspec.core.backend import Model, check_grammar
 from localspec.core.config import GenerationConfig, SamplingConfig
-from localspec.core.drafters.memory import MEMORY_MAX_TOKENS as MEMORY_TOKENS
 from localspec.core.drafters.memory import Memory
 from localspec.core.errors import GrammarError
+from localspec.core.tuning import MEMORY_MAX_TOKENS as MEMORY_TOKENS
 from localspec.serve import admission, guard, protocol
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.protocol import ApiError, GenRequest
