@@ -2,16 +2,12 @@
 chat and completions, streaming and not, n-gram-friendly prompts and `prediction`
 requests, a third of them disconnecting at seeded random moments (cut off at any
 point, closed after k chunks, half a body, never read). The driver is
-scripts/soak_serve.py (run it for longer there); it checks that every completed reply
+localspec/bench/soak.py (scripts/soak_serve.py runs it for longer); it checks that every completed reply
 is the text the request gets alone, that every slot is free with no KV cells left, and
 that /metrics balances. Here, in-process, the backend's own records are checked too.
 """
 
 from __future__ import annotations
-
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,21 +15,13 @@ pytest.importorskip("uvicorn")
 from test_serve_concurrency import Server
 from test_serve_draft import _same_or_near_tie
 
+from localspec.bench import soak
 from localspec.core.backend import Model
 from localspec.core.config import ModelConfig, SpecConfig
 from localspec.serve.protocol import parse_chat
 from localspec.serve.tools import chat_prompt
 
 SLOTS = 4
-
-
-def _driver():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "soak_serve.py"
-    spec = importlib.util.spec_from_file_location("soak_serve", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["soak_serve"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +32,6 @@ def model(smol_path):
 
 
 def test_soak_16_clients_on_4_slots_lose_nothing(model):
-    soak = _driver()
     with Server(model, n_slots=SLOTS, queue_size=16, spec=SpecConfig(mode="ngram", draft_max=8),
                 spec_disable_by_batch_size=-1) as server:
         load = soak.Load(server.base, clients=16, requests=2, max_tokens=8, seed=1)

@@ -8,6 +8,7 @@ calibrate.py  the measurements a calibration profile holds (`localspec tune`)
 serve_bench.py  serving throughput by concurrency, speculation off / on / by rule
 report.py     rich tables, JSON and the optional plot
 peer.py       llama-cpp-python's own speculative loop, for `bench --peer`
+soak.py       the serve soak's load and checks (scripts/soak_serve.py; needs httpx)
 replay.py     recorded generations replayed through the policies under a cost curve
               (scripts/replay_policy.py)
 
