@@ -69,12 +69,19 @@ QUICK = {"per_tag": 1, "n_predict": 48, "edit_n": 160, "vcurve_max": 8}
 @click.option("--prefix-cache", is_flag=True,
               help="edit tasks restore their file's KV state from the prefix cache (stored "
                    "first when absent), as a second `localspec edit` of the file does")
+@click.option("--sessions", "sessions", default=None, metavar="NAME,...",
+              help="benchmark sessions instead: requests that repeat one another (tests, hints, "
+                   "agent) and ones that do not (fresh), each plain, auto and auto with a memory; "
+                   "'all' for every session")
+@click.option("--session-requests", type=click.IntRange(1, 10), default=10, show_default=True,
+              help="with --sessions: requests per session")
 @click.pass_context
 def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: float,
           n_predict: int, edit_n: int, prompts_file: str | None, tags: str | None, per_tag: int,
           repeats: int, quick: bool, vcurve: bool, vcurve_max: int, peer: str | None,
           serve: bool, concurrency: str | None, as_json: bool, save_path: str | None,
-          plot_path: str | None, no_log: bool, prefix_cache: bool, **kw: Any) -> None:
+          plot_path: str | None, no_log: bool, prefix_cache: bool, sessions: str | None,
+          session_requests: int, **kw: Any) -> None:
     """Benchmark speculative decoding on this machine: tok/s, speedup over plain
     decoding, acceptance and mean accepted length against theory, per workload tag.
 
@@ -91,6 +98,10 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
     from localspec.bench import report
     from localspec.bench import workloads as wl
     from localspec.bench.runner import Settings
+
+    if sessions:
+        _sessions(ctx, sessions, session_requests, n_predict, as_json, save_path, kw)
+        return
 
     if quick:  # only where the user did not choose
         per_tag, n_predict, edit_n, vcurve_max = (
@@ -129,6 +140,38 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
     if plot_path:
         _plots(plot_path, results, vc, title, serve_out)
     _fail_on_mismatch(results)
+
+
+def _sessions(ctx: click.Context, names: str, n_requests: int, n_predict: int, as_json: bool,
+              save_path: str | None, kw: dict) -> None:
+    """`bench --sessions`: the session benchmark (bench/sessions.py), no draft model."""
+    from localspec.bench import sessions as sb
+    from localspec.commands.doctor import system_report
+    from localspec.core.runtime import open_runtime
+
+    known = {s.name: s for s in sb.builtin_sessions()}
+    wanted = list(known) if names.strip() == "all" else _words(names)
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise click.UsageError(f"--sessions: unknown {', '.join(unknown)} (known: {', '.join(known)}, all)")
+    opts = replace(load_options(kw, ctx.obj["verbose"] if ctx.obj else False), draft="none")
+    with open_runtime(opts, want_draft=False) as rt:
+        results = sb.run_sessions(rt, [known[n] for n in wanted], n_requests, n_predict,
+                                  progress=lambda line: click.echo(line, err=True))
+        model = rt.target.name
+    lines = sb.speedups(results)
+    summary = sb.session_summary(lines)
+    cpu = system_report(None)["cpu"]
+    out = {"model": model, "cpu": f"{cpu['description']} ({', '.join(cpu['features'][:6])})", "n_predict": n_predict, "requests": lines, "sessions": summary}
+    if save_path:
+        _write(save_path, json.dumps(out, indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+    else:
+        click.echo(f"{model} on {out['cpu']}, greedy, {n_predict} tokens a request")
+        click.echo(sb.format_report(lines, summary))
+    if not all(s["all_same"] for s in summary.values()):
+        raise SystemExit(1)
 
 
 def _serve_bench(opts: Any, n_predict: int, tags: list[str], per_tag: int,
