@@ -55,6 +55,9 @@ CRASHING_GRAMMARS = {
     "left recursion through an empty rule (expands forever)":
         ('root ::= d root "x" | "z"\nd ::= e\ne ::= "" | "y"\n', "left recursion: rule 'root'"),
     "a rule shared 2^32 ways (hours of checking)": (shared(32), "can begin in more than 1024 ways"),
+    "45,000 rules each beginning with the next (72 s)":
+        ("root ::= a0\n" + "".join(f'a{i} ::= a{i + 1} "x"\n' for i in range(45_000)) + 'a45000 ::= "y"\n',
+         "more than 2048 deep"),
 }
 ISSUE_SCHEMAS = {  # issue 27's three, and the others it names
     "maxLength 20000": ({"type": "string", "maxLength": 20000}, "maxLength is 20000"),
@@ -128,6 +131,9 @@ def test_usual_grammars_and_schemas_are_within_the_bounds():
     ("root ::= " + "a " * 60_000 + "\na ::= \"a\"\n", None),
     ("root ::= " + '"a" ' * 10 + "\n" + "".join(f"r{i} ::= \"x\"{{0,1000}}\n" for i in range(60)), "more than 50000 rules"),
     ('root ::= root "x" | "y"\n', "left recursion"),
+    ("root ::= a0\n" + "".join(f'a{i} ::= a{i + 1} "x"\n' for i in range(2100)) + 'a2100 ::= "y"\n',
+     "begins with rules more than 2048 deep"),
+    ("root ::= a0\n" + "".join(f'a{i} ::= a{i + 1} "x"\n' for i in range(1000)) + 'a1000 ::= "y"\n', None),
     ("root ::= " + "x" * (1 << 20) + "\n", "bytes, at most"),
 ])
 def test_each_grammar_bound(text, why):

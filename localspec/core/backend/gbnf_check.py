@@ -3,8 +3,10 @@
 llama.cpp's grammar code cannot be stopped once it runs, and some grammars take it down:
 its parser recurses once per nested group with no depth limit (a 20,000-deep group is a
 segfault); `x{5,3}` makes it generate rules until memory runs out; its left-recursion
-check walks every path through shared rules (exponential), and misses a rule that starts
-with itself through rules that only match nothing, which then expands forever. Each
+check walks every path through shared rules (exponential), recursing once per rule that
+begins with the next, and misses a rule that starts with itself through rules that only
+match nothing, which then expands forever; a chain of rules each beginning with the next
+costs its parse stacks the chain's length squared (45,000 of them: 72 s). Each
 parse stack it keeps is matched against every candidate token, so a rule that can begin
 in many ways makes every step slow.
 
@@ -36,6 +38,7 @@ from localspec.core.errors import GrammarError
 MAX_GRAMMAR_BYTES = 1 << 20
 MAX_STARTS = 1024  # ways one rule can begin: llama.cpp keeps a parse stack for each
 MAX_CHECK_WORK = 2_000_000  # rule elements llama.cpp's left-recursion check reads
+MAX_LEAD_DEPTH = 2 * MAX_NESTING  # rules beginning with rules beginning with...: a C recursion
 
 
 # ----- after parsing: llama.cpp's checks, and what its parse stacks will cost -----------
@@ -132,7 +135,12 @@ def _analyse(p: Parser, root: str) -> bool:
         raise GrammarError(f"invalid grammar: left recursion: rule '{names.get(c.rule, c.rule)}' can begin "
                            "with itself") from None
     starts = [0] * n  # terminals a rule can begin with, each a parse stack in llama.cpp
+    depth = [0] * n  # rules inside rules at a rule's first terminal: that stack's length
     for r in order:
+        depth[r] = 1 + max((depth[c] for c in lead[r]), default=0)
+        if depth[r] > MAX_LEAD_DEPTH:
+            raise over(f"rule '{names.get(r, r)}' begins with rules more than {MAX_LEAD_DEPTH} deep (each "
+                       "begins with the next; llama.cpp copies the whole chain for every step into it)")
         total = 0
         for _, alead, _ in rules[r]:
             for c in alead:
