@@ -79,7 +79,7 @@ def _leading(rules: list[list[Entry]], empty: list[bool]) -> list[list[int]]:
     out = []
     for alts in rules:
         refs = []
-        for _, lead, _ in alts:
+        for _, lead, _, _ in alts:
             for c in lead:
                 refs.append(c)
                 if not empty[c]:
@@ -96,7 +96,7 @@ def _nullable(rules: list[list[Entry]]) -> list[bool]:
     missing: dict[tuple[int, int], int] = {}
     ready = []
     for r, alts in enumerate(rules):
-        for a, (_, lead, term) in enumerate(alts):
+        for a, (_, lead, term, _) in enumerate(alts):
             if term:
                 continue
             missing[r, a] = len(lead)
@@ -117,15 +117,16 @@ def _nullable(rules: list[list[Entry]]) -> list[bool]:
 
 
 def _analyse(p: Parser, root: str) -> bool:
-    """False where llama.cpp refuses the parsed grammar itself (an undefined rule, no
-    root); GrammarError past a bound on left recursion, on the ways a rule can begin
-    and on the work of llama.cpp's left-recursion check."""
-    if not p.rules or root not in p.symbols:
-        return False
-    n = max(p.rules) + 1
-    if any(i not in p.rules for i in range(n)) or any(r not in p.rules for r in p.referenced):
-        return False
-    rules = [p.rules[i] for i in range(n)]
+    """Whether llama.cpp then builds the parsed grammar (not with an undefined rule or
+    without the root); GrammarError past a bound on left recursion, on the ways a rule
+    can begin and on the work of llama.cpp's left-recursion check. The bounds hold
+    either way: a rule never defined is read as one that matches nothing at all."""
+    n = max([*p.symbols.values(), *p.rules, -1]) + 1
+    rules = [p.rules.get(i, []) for i in range(n)]
+    size = max(p.rules, default=-1) + 1  # llama.cpp's rules vector
+    refs = {r for alts in p.rules.values() for a in alts for r in a[3]}
+    builds = bool(p.rules) and root in p.symbols and all(i in p.rules for i in range(size)) and all(
+        r in p.rules for r in refs)
     names = {i: s for s, i in p.symbols.items()}
     null = _nullable(rules)
     lead = _leading(rules, null)
@@ -142,7 +143,7 @@ def _analyse(p: Parser, root: str) -> bool:
             raise over(f"rule '{names.get(r, r)}' begins with rules more than {MAX_LEAD_DEPTH} deep (each "
                        "begins with the next; llama.cpp copies the whole chain for every step into it)")
         total = 0
-        for _, alead, _ in rules[r]:
+        for _, alead, _, _ in rules[r]:
             for c in alead:
                 total += starts[c]
                 if not null[c]:
@@ -154,7 +155,7 @@ def _analyse(p: Parser, root: str) -> bool:
             raise over(f"rule '{names.get(r, r)}' can begin in more than {MAX_STARTS} ways "
                         "(alternatives, with those of the rules it begins with)")
     _check_work(rules, _leading(rules, [any(a[0] == 0 for a in alts) for alts in rules]), order)
-    return True
+    return builds
 
 
 def _check_work(rules: list[list[Entry]], lead: list[list[int]], order: list[int]) -> None:

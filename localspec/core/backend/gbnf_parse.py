@@ -37,19 +37,24 @@ def over(what: str) -> GrammarError:
 
 
 # An entry of a sequence, and an alternative of a rule: (elements, the rule references
-# before its first terminal, whether it has a terminal)
-Entry = tuple[int, tuple[int, ...], bool]
-EMPTY: Entry = (0, (), False)
+# before its first terminal, whether it has a terminal, every rule reference in it)
+Entry = tuple[int, tuple[int, ...], bool, tuple[int, ...]]
+EMPTY: Entry = (0, (), False, ())
 
 
 def _combine(entries: list[Entry]) -> Entry:
     size = sum(e[0] for e in entries)
+    refs = tuple(r for e in entries for r in e[3])
     lead: list[int] = []
     for e in entries:
         lead.extend(e[1])
         if e[2]:
-            return size, tuple(lead), True
-    return size, tuple(lead), False
+            return size, tuple(lead), True, refs
+    return size, tuple(lead), False, refs
+
+
+def _ref(rule: int) -> Entry:
+    return 1, (rule,), False, (rule,)
 
 
 def _chars(body: str) -> int:
@@ -82,7 +87,6 @@ class Parser:
         self.text = text
         self.symbols: dict[str, int] = {}
         self.rules: dict[int, list[Entry]] = {}
-        self.referenced: set[int] = set()
         self.elements = 0
 
     def space(self, pos: int, newline_ok: bool) -> int:
@@ -159,7 +163,7 @@ class Parser:
             parent = open_.pop()
             parent.n_prev = max(1, len(self.symbols) - f.n_before)
             parent.last = len(parent.seq)
-            parent.seq.append((1, (f.rule_id,), False))
+            parent.seq.append(_ref(f.rule_id))
             self.grow(1)
             pos = self.space(pos + 1, parent.nested)
             f = parent
@@ -177,28 +181,27 @@ class Parser:
                 k = _chars(body[1:] if c == "[" and body.startswith("^") else body)
                 f.last, f.n_prev = len(f.seq), 1
                 if k:
-                    f.seq.append((k, (), True))
+                    f.seq.append((k, (), True, ()))
                     self.grow(k)
                 pos = self.space(m.end(), f.nested)
             elif c in "<!":
                 pos = self.token(pos + (c == "!"))
                 f.last, f.n_prev = len(f.seq), 1
-                f.seq.append((1, (), True))
+                f.seq.append((1, (), True, ()))
                 self.grow(1)
                 pos = self.space(pos, f.nested)
             elif _NAME.match(c):
                 m = _NAME.match(t, pos)
                 ref = self.symbol(m.group())
-                self.referenced.add(ref)
                 pos = self.space(m.end(), f.nested)
                 f.last, f.n_prev = len(f.seq), 1
-                f.seq.append((1, (ref,), False))
+                f.seq.append(_ref(ref))
                 self.grow(1)
             elif c == "(":
                 return pos
             elif c == ".":
                 f.last, f.n_prev = len(f.seq), 1
-                f.seq.append((1, (), True))
+                f.seq.append((1, (), True, ()))
                 self.grow(1)
                 pos = self.space(pos + 1, f.nested)
             elif c in "*+?":
@@ -270,12 +273,12 @@ class Parser:
         last_rec = 0
         for i in range(1 if hi is None else hi - lo):
             rid = self.generate(name)
-            alt = _combine([prev, (1, (rid if hi is None else last_rec,), False)]) if i or hi is None else prev
+            alt = _combine([prev, _ref(rid if hi is None else last_rec)]) if i or hi is None else prev
             self.grow(alt[0])
             self.add_rule(rid, [alt, EMPTY])
             last_rec = rid
         if hi is None or hi > lo:
-            f.seq.append((1, (last_rec,), False))
+            f.seq.append(_ref(last_rec))
             self.grow(1)
         f.n_prev *= total
 
