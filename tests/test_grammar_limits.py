@@ -55,6 +55,8 @@ CRASHING_GRAMMARS = {
     "left recursion through an empty rule (expands forever)":
         ('root ::= d root "x" | "z"\nd ::= e\ne ::= "" | "y"\n', "left recursion: rule 'root'"),
     "a rule shared 2^32 ways (hours of checking)": (shared(32), "can begin in more than 1024 ways"),
+    "the same behind a rule llama.cpp forgets (redefined)":
+        ('root ::= b\nroot ::= d root "x" | "z"\nd ::= e\ne ::= "" | "y"\n', "left recursion: rule 'root'"),
     "45,000 rules each beginning with the next (72 s)":
         ("root ::= a0\n" + "".join(f'a{i} ::= a{i + 1} "x"\n' for i in range(45_000)) + 'a45000 ::= "y"\n',
          "more than 2048 deep"),
