@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.core.drafters.memory import MAX_TOKENS, Memory
+from localspec.core.drafters.memory import Memory
+from localspec.core.tuning import MEMORY_MAX_TOKENS
 from localspec.models import paths
 
 DB_NAME = "memory.db"
@@ -101,7 +102,7 @@ class StoredMemory(Memory):
     `defer`, only when commit() says so (edit: an answer that was not written is not
     remembered either)."""
 
-    def __init__(self, vocab: str | Callable[[], str], max_tokens: int = MAX_TOKENS,
+    def __init__(self, vocab: str | Callable[[], str], max_tokens: int = MEMORY_MAX_TOKENS,
                  corpora: Sequence[Sequence[int]] = (), path: Path | str | None = None,
                  defer: bool = False) -> None:
         super().__init__(max_tokens, corpora)
@@ -189,7 +190,7 @@ def read_corpus(paths_given: Iterable[str], tokenize) -> list[list[int]]:
 
 
 def open_memory(target, *, enabled: bool = True, lookup: Sequence[str] = (),
-                max_tokens: int = MAX_TOKENS, defer: bool = False) -> Memory | None:
+                max_tokens: int = MEMORY_MAX_TOKENS, defer: bool = False) -> Memory | None:
     """The memory a command drafts from: the stored one of the target's vocabulary
     (unless `enabled` is off) and the --lookup corpora; None when neither. `defer`:
     what is added is written only on commit() (StoredMemory)."""
