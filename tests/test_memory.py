@@ -71,7 +71,7 @@ def test_memory_stays_within_its_bound_dropping_the_oldest_first():
         assert len(mem.texts) <= 1000
     assert _draft(mem, [5099, 9900]) == list(range(9901, 9917))  # the newest text is there
     assert _draft(mem, [5000, 0]) == []  # the oldest is gone
-    assert len(mem.texts) > 600  # dropped down to KEEP of the bound, not to nothing
+    assert len(mem.texts) > 600  # dropped down to MEMORY_KEEP of the bound, not to nothing
 
 
 def test_memory_model_learns_in_hindsight_by_match_and_support():
