@@ -191,7 +191,7 @@ def build_record(
         **_prefixed("draft", model_identity(draft) if draft else {}),
         "drafter": stats.drafter,
         "spec_mode": spec.mode, "draft_min": spec.draft_min, "draft_max": spec.draft_max,
-        "adaptive": int(spec.adaptive),
+        "adaptive": int(spec.adapts_k),
         "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
         "min_p": sampling.min_p, "seed": sampling.seed,
         "prompt_tokens": stats.prompt_tokens, "generated": stats.generated,

@@ -55,7 +55,7 @@ def replay(trace: dict, drafter, v: list[float], c: float, k_max: int, adaptive:
     """Modelled decode time (in one-token times) of the trace's output with `drafter`;
     v[n - 1] is the true V(n) (len(v) > k_max)."""
     ids, rng = trace["ids"], random.Random(seed)
-    policy = AdaptiveK(SpecConfig(mode="replay", draft_max=k_max, adaptive=adaptive))
+    policy = AdaptiveK(SpecConfig(draft_max=k_max, adaptive=adaptive))  # auto: adaptive=False
     drafter.begin(trace["prompt"])
     tokens, done, total = [*trace["prompt"], ids[0]], 1, 0.0
     while done < len(ids):

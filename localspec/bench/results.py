@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from localspec.bench.vcurve import VCurve, expected_tokens
 from localspec.core.config import SpecConfig
-from localspec.core.events import Timed
+from localspec.core.events import StopReason, Timed
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Variant:
 
     @property
     def uses_draft(self) -> bool:
-        return self.spec is not None and self.spec.mode in ("model", "hybrid", "auto")
+        return self.spec is not None and self.spec.mode.uses_draft_model
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Run(Timed):
     accepted: int = 0
     draft_s: float = 0.0
     llama_s: float = 0.0
-    stop_reason: str = ""
+    stop_reason: StopReason | str = ""
     cpu_s: float = 0.0  # this process's CPU time over the same span as decode_s
     prefill_s: float = 0.0  # prompt tokens decoded before the first token
     prefill_tokens: int = 0

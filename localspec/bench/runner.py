@@ -28,8 +28,9 @@ from localspec.acceptance import logdb
 from localspec.bench.results import Result, Run, Variant, Verdict
 from localspec.bench.vcurve import VCurve
 from localspec.bench.workloads import Prepared, Workload, prepare
-from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig, SpecMode
 from localspec.core.engine import Done, GenerationStats, Token, generate
+from localspec.core.events import StopReason
 from localspec.core.runtime import Runtime, make_drafter
 
 if TYPE_CHECKING:
@@ -99,8 +100,8 @@ def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload
     `cache`, an edit task's prefix is restored from it (timed, as the first token's)."""
     from localspec.models.prefix_store import warm_prefix
 
-    spec = variant.spec or SpecConfig(mode="none")
-    if workload.is_edit and spec.mode in ("ngram", "hybrid", "auto"):
+    spec = variant.spec or SpecConfig(mode=SpecMode.NONE)
+    if workload.is_edit and spec.mode.uses_ngram:
         spec = edit_matching(spec)  # n-gram matching as `localspec edit` does it
     draft = rt.draft if variant.uses_draft else None
     drafter = make_drafter(spec, GREEDY, draft, prep.extra, target=rt.target)
@@ -136,7 +137,7 @@ def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload
     _log(rt, stats, spec, workload, draft, settings)
     return Run(ids[:cut] if cut else ids, stats.decode_s, stats.rounds, stats.draft_rounds,
                stats.drafted, stats.accepted, stats.draft_s, stats.llama_s,
-               "fence" if cut else stats.stop_reason, cpu_s, stats.prefill_s,
+               StopReason.FENCE if cut else stats.stop_reason, cpu_s, stats.prefill_s,
                stats.prefill_tokens, stats.restored_tokens, stats.cache_s)
 
 
@@ -159,7 +160,7 @@ def run_peer(peer: LlamaCppPythonPeer, target: Model, prep: Prepared, variant: V
 
     out = peer.generate(prep.tokens, prep.max_tokens, stop)
     return Run(out.ids, out.decode_s, out.rounds, out.rounds, out.drafted, out.accepted,
-               stop_reason="fence" if fence and fence.done() else "", cpu_s=out.cpu_s)
+               stop_reason=StopReason.FENCE if fence and fence.done() else "", cpu_s=out.cpu_s)
 
 
 # ----- comparing outputs ----------------------------------------------------------------

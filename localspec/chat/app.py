@@ -36,6 +36,7 @@ from localspec.chat.streaming import Coalescer
 from localspec.chat.widgets import AssistantMessage, Notice, StatusBar, UserMessage
 from localspec.core.engine import Done, Token
 from localspec.core.errors import LocalspecError
+from localspec.core.events import StopReason
 
 
 @dataclass
@@ -220,8 +221,8 @@ class ChatApp(App):
         note = ""
         if turn is not None and not error:
             note = f"{turn.generated} tokens · {turn.tokens_per_s:.1f} tok/s"
-            if turn.stop_reason not in ("eos", "stop"):
-                note += f" · {'stopped' if turn.stop_reason == 'cancelled' else turn.stop_reason}"
+            if turn.stop_reason not in (StopReason.EOS, StopReason.STOP):
+                note += f" · {'stopped' if turn.stop_reason == StopReason.CANCELLED else turn.stop_reason}"
         reply.finish(note)
         self.update_status()
         self.generating = False
@@ -232,7 +233,7 @@ class ChatApp(App):
             if not reply.pieces:
                 await reply.remove()  # nothing was generated: no empty reply box
             await self.note(error, "error")
-        elif turn is not None and turn.stop_reason == "context":
+        elif turn is not None and turn.stop_reason == StopReason.CONTEXT:
             await self.note("the context is full: the oldest turns will be dropped next time", "warning")
 
     # ----- actions ---------------------------------------------------------------

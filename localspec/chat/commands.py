@@ -10,7 +10,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from localspec.core.config import SPEC_MODES
+from localspec.core.config import SPEC_MODES, SpecMode
 
 COMMANDS = {
     "help": ("", "show this help"),
@@ -38,7 +38,7 @@ class CommandError(ValueError):
 class Command:
     name: str
     arg: str = ""
-    value: object = None  # the parsed argument: int | "auto" for k, float for temp, ...
+    value: object = None  # the parsed argument: int | "auto" for k, a SpecMode for spec, float for temp, ...
 
 
 def unescape(line: str) -> str:
@@ -78,7 +78,7 @@ def _value(name: str, arg: str) -> object:
     if name == "spec":
         if arg.lower() not in SPEC_MODES:
             raise CommandError(f"usage: /spec {'|'.join(SPEC_MODES)}")
-        return arg.lower()
+        return SpecMode(arg.lower())
     if name == "temp":
         try:
             t = float(arg)

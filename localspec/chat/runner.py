@@ -14,9 +14,10 @@ from pathlib import Path
 from localspec.acceptance import logdb
 from localspec.chat.commands import Command, CommandError, help_text
 from localspec.chat.session import Conversation
-from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig, SpecMode
 from localspec.core.drafters import Drafter
 from localspec.core.engine import Done, Event, GenerationStats, Round, Token, generate
+from localspec.core.events import StopReason
 from localspec.core.runtime import Runtime, make_drafter
 
 
@@ -103,7 +104,7 @@ class ChatRunner:
         self.spec, self.sampling, self.gen = spec, sampling, gen
         self.base_draft_max = spec.draft_max
         # /k N fixes k; None lets it adapt (auto chooses k itself, bounded by draft_max)
-        self.k_fixed: int | None = None if spec.adaptive or spec.mode == "auto" else spec.draft_max
+        self.k_fixed: int | None = None if spec.adaptive or spec.mode.chooses_k else spec.draft_max
         self.session_path = session_path
         self.reuse_prefix = reuse_prefix
         self.log, self.tag = log, tag
@@ -187,7 +188,7 @@ class ChatRunner:
                 live.t_first = time.perf_counter()
         elif isinstance(ev, Round):
             # auto picks k itself each round: its k is what it drafted
-            live.k = ev.n_draft if self.spec.mode == "auto" else ev.k
+            live.k = ev.n_draft if self.spec.mode.chooses_k else ev.k
             live.source = ev.source
             if ev.n_draft:
                 live.draft.add(ev)
@@ -197,7 +198,7 @@ class ChatRunner:
 
     def _finish(self, user: str, reply: str, done: Done | None, live: Live) -> None:
         stats = done.stats if done is not None else None
-        stop = stats.stop_reason if stats else "cancelled"
+        stop = stats.stop_reason if stats else StopReason.CANCELLED
         self.conv.add("assistant", reply, stop_reason=stop, tokens=live.generated)
         self.turns.append(TurnInfo(
             prompt_tokens=live.prompt_tokens, prefill_tokens=live.prefill_tokens,
@@ -223,7 +224,7 @@ class ChatRunner:
     # ----- settings ----------------------------------------------------------------
 
     def _uses_draft_model(self) -> bool:
-        return self.draft_model is not None and self.spec.mode in ("auto", "model", "hybrid")
+        return self.draft_model is not None and self.spec.mode.uses_draft_model
 
     def drafter(self) -> Drafter:
         """The drafter for the current settings, kept across turns (the model drafter's
@@ -234,11 +235,9 @@ class ChatRunner:
                                          memory=self.memory if self.spec.mode == "auto" else None)
         return self._drafter
 
-    def _respec(self, mode: str) -> None:
-        self.spec = replace(
-            self.spec, mode=mode, draft_max=self.k_fixed or self.base_draft_max,
-            adaptive=self.k_fixed is None and mode != "auto",
-        )  # fmt: skip
+    def _respec(self, mode: SpecMode) -> None:
+        self.spec = replace(self.spec, mode=mode, draft_max=self.k_fixed or self.base_draft_max,
+                            adaptive=self.k_fixed is None)
         self._drafter = None  # the auto policy's learned acceptance goes with it
 
     def autosave(self) -> None:
@@ -269,13 +268,13 @@ class ChatRunner:
             self.k_fixed = None if cmd.value == "auto" else int(cmd.value)
             self._respec(self.spec.mode)
             msg = f"k fixed at {self.k_fixed}" if self.k_fixed else f"k adapts (at most {self.base_draft_max})"
-            if self.k_fixed and self.spec.mode == "auto":
+            if self.k_fixed and self.spec.mode.chooses_k:
                 msg = f"auto drafts at most {self.k_fixed} tokens"
-            return msg + ("" if self.spec.mode != "none" else " (drafting is off: /spec to turn it on)")
+            return msg + ("" if self.spec.mode.drafts else " (drafting is off: /spec to turn it on)")
         if cmd.name == "spec":
-            if cmd.value in ("model", "hybrid") and self.draft_model is None:
+            if cmd.value.needs_draft_model and self.draft_model is None:
                 raise CommandError(f"/spec {cmd.value} needs a draft model: start chat with --draft")
-            self._respec(str(cmd.value))
+            self._respec(cmd.value)
             return f"drafter: {cmd.value}"
         if cmd.name == "temp":
             self.sampling = replace(self.sampling, temperature=float(cmd.value))
@@ -296,9 +295,9 @@ class ChatRunner:
         live = self.live
         now = time.perf_counter() if now is None else now
         drafter = self.spec.mode
-        if self.spec.mode in ("auto", "hybrid") and live.source in ("ngram", "model", "none"):
+        if self.spec.mode in (SpecMode.AUTO, SpecMode.HYBRID) and live.source in ("ngram", "model", "none"):
             drafter += f":{live.source}"
-        k = "-" if self.spec.mode == "none" else (f"{live.k}" if live.k else "?")
+        k = (f"{live.k}" if live.k else "?") if self.spec.mode.drafts else "-"
         k += " fixed" if self.k_fixed else ""
         parts = [
             ("stopping" if stopping else "generating") if live.running else "ready",

@@ -17,12 +17,11 @@ import click
 from localspec.bench import serve_bench
 from localspec.bench.peer import PEERS
 from localspec.commands.options import load_options, model_options, spec_config
-from localspec.core.config import SPEC_MODES
+from localspec.core.config import SPEC_MODES, SpecMode
 from localspec.core.errors import UsageError
 from localspec.core.tuning import DRAFT_P_MIN
 
 DEFAULT_MODES = "none,ngram,model,hybrid"
-NEEDS_DRAFT = ("model", "hybrid")
 QUICK = {"per_tag": 1, "n_predict": 48, "edit_n": 160, "vcurve_max": 8}
 
 
@@ -117,7 +116,7 @@ def bench(ctx: click.Context, modes: str, ks: str, fixed_k: bool, draft_p_min: f
     opts = load_options(kw, ctx.obj["verbose"] if ctx.obj else False)
     mode_list = _parse_modes(modes, explicit=_given(ctx, "modes"), draft=opts.draft)
     k_list = _parse_ks(ks)
-    if opts.draft is None and any(m in NEEDS_DRAFT or m == "auto" for m in mode_list):
+    if opts.draft is None and any(m.uses_draft_model for m in mode_list):
         from localspec.models import load_manifest
 
         opts = replace(opts, draft=load_manifest().default_draft)
@@ -280,7 +279,7 @@ def _words(text: str | None) -> list[str]:
     return [w.strip() for w in (text or "").split(",") if w.strip()]
 
 
-def _parse_modes(text: str, *, explicit: bool, draft: str | None) -> list[str]:
+def _parse_modes(text: str, *, explicit: bool, draft: str | None) -> list[SpecMode]:
     """`none` first, then the others in the order given; no draft model: the default
     list drops the modes that need one, an explicit list is an error."""
     modes = [m.lower() for m in _words(text)]
@@ -289,11 +288,11 @@ def _parse_modes(text: str, *, explicit: bool, draft: str | None) -> list[str]:
         raise UsageError(f"--modes: unknown mode {', '.join(unknown)} (choose from {', '.join(SPEC_MODES)})")
     no_draft = bool(draft) and draft.lower() == "none"
     if no_draft:
-        needing = [m for m in modes if m in NEEDS_DRAFT]
+        needing = [m for m in modes if SpecMode(m).needs_draft_model]
         if needing and explicit:
             raise UsageError(f"--modes {','.join(needing)} needs a draft model (not --draft none)")
-        modes = [m for m in modes if m not in NEEDS_DRAFT]
-    return ["none", *dict.fromkeys(m for m in modes if m != "none")]
+        modes = [m for m in modes if not SpecMode(m).needs_draft_model]
+    return [SpecMode.NONE, *dict.fromkeys(SpecMode(m) for m in modes if m != SpecMode.NONE)]
 
 
 def _parse_ks(text: str, flag: str = "--k", lo: int = 1, hi: int = 256) -> list[int]:
@@ -338,7 +337,7 @@ def _meta(rt: Any, settings: Any, variants: list, peer: str | None) -> dict[str,
         "settings": {"n_predict": settings.n_predict, "edit_n": settings.edit_n,
                      "repeats": settings.repeats, "sampling": "greedy", "peer": peer,
                      "variants": [{"mode": v.mode, "k": v.k,
-                                   "adaptive": v.spec.adaptive if v.spec else None,
+                                   "adaptive": v.spec.adapts_k if v.spec else None,
                                    "resolved_mode": v.spec.mode if v.spec else None}
                                   for v in variants]},
     }

@@ -71,7 +71,7 @@ def chat(ctx: click.Context, system: str | None, session_file: Path | None, plai
         click.echo(f"loading {opts.model or models.load_manifest().default_target}"
                    + (f" and {opts.draft}" if has_draft and opts.draft.lower() != "auto" else "")
                    + " ...", err=True)
-    with open_runtime(opts, want_draft=spec.mode in ("auto", "model", "hybrid")) as rt:
+    with open_runtime(opts, want_draft=spec.mode.uses_draft_model) as rt:
         from localspec.memory_store import open_memory
 
         recall = open_memory(rt.target, enabled=memory.enabled, lookup=memory.lookup)

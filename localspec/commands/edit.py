@@ -30,6 +30,7 @@ from localspec.commands.options import (
 )
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.errors import ContextFull, LocalspecError, UsageError
+from localspec.core.events import StopReason
 from localspec.edit import (
     Region,
     Source,
@@ -205,7 +206,7 @@ class Session:
         job = jobs[0]
         try:
             with ctrl_c.catching():
-                rt = open_runtime(self.opts, want_draft=self.spec.mode in ("auto", "model", "hybrid"))
+                rt = open_runtime(self.opts, want_draft=self.spec.mode.uses_draft_model)
             with rt:
                 if self.spec.mode == "auto":
                     from localspec.memory_store import open_memory
@@ -283,9 +284,9 @@ class Session:
                 click.echo(f"{name}: {line}", err=True)
             self._log(rt, stats, outcome.reply)
         if outcome.body is None:
-            why = {"length": f"stopped at the token limit, {stats.generated if stats else 0} "
-                             "tokens (raise -n, or -c)",
-                   "context": "the context filled up (raise -c)"}.get(
+            why = {StopReason.LENGTH: f"stopped at the token limit, {stats.generated if stats else 0} "
+                                      "tokens (raise -n, or -c)",
+                   StopReason.CONTEXT: "the context filled up (raise -c)"}.get(
                 stats.stop_reason if stats else "", "the model ended without closing the block")
             click.echo(f"{name}: no complete answer ({why}); nothing written", err=True)
             getattr(self._recall, "discard", lambda: None)()  # nor remembered

@@ -20,6 +20,7 @@ from localspec.core.config import (
     LoadOptions,
     SamplingConfig,
     SpecConfig,
+    SpecMode,
 )
 from localspec.core.errors import UsageError
 from localspec.core.tuning import AUTO_DRAFT_MAX, DRAFT_MAX, DRAFT_P_MIN
@@ -311,8 +312,8 @@ def load_options(kw: dict, verbose: bool = False) -> LoadOptions:
 
 
 def spec_config(kw: dict, has_draft: bool) -> SpecConfig:
-    mode = kw.pop("spec") or "auto"
-    if mode in ("model", "hybrid") and not has_draft:
+    mode = SpecMode(kw.pop("spec") or SpecMode.AUTO)
+    if mode.needs_draft_model and not has_draft:
         raise click.UsageError(f"--spec {mode} needs a draft model (--draft)")
     ngram_min, ngram_max = kw.pop("ngram_min"), kw.pop("ngram_max")
     if ngram_min > ngram_max:
@@ -321,10 +322,9 @@ def spec_config(kw: dict, has_draft: bool) -> SpecConfig:
     fixed_k = kw.pop("fixed_k")
     return SpecConfig(
         mode=mode,
-        draft_max=draft_max if draft_max is not None else (AUTO_DRAFT_MAX if mode == "auto" else DRAFT_MAX),
+        draft_max=draft_max if draft_max is not None else (AUTO_DRAFT_MAX if mode.chooses_k else DRAFT_MAX),
         draft_min=kw.pop("draft_min"), draft_p_min=kw.pop("draft_p_min"),
-        ngram_min=ngram_min, ngram_max=ngram_max,
-        adaptive=not fixed_k and mode != "auto",  # auto chooses k itself
+        ngram_min=ngram_min, ngram_max=ngram_max, adaptive=not fixed_k,
     )
 
 

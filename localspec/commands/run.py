@@ -30,7 +30,7 @@ from localspec.commands.options import (
 )
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.errors import UsageError
-from localspec.core.events import Done, GenerationStats, Token
+from localspec.core.events import TRUNCATED, Done, GenerationStats, Token
 
 
 def read_prompt(args: tuple[str, ...], prompt: str | None = None, file: str | None = None) -> str:
@@ -146,7 +146,7 @@ def run_generation(
     from localspec.core.runtime import chat_prompt, make_drafter, open_runtime
     from localspec.memory_store import open_memory
 
-    with open_runtime(opts, want_draft=spec.mode in ("auto", "model", "hybrid")) as rt:
+    with open_runtime(opts, want_draft=spec.mode.uses_draft_model) as rt:
         target = rt.target
         prompt = target.tokenize(text) if raw else chat_prompt(target, text, system)
         recall = (open_memory(target, enabled=memory.enabled, lookup=memory.lookup)
@@ -180,7 +180,7 @@ def run_generation(
             out.write("\n")
         out.flush()
         if stats is not None:
-            if gen.grammar and stats.stop_reason in ("length", "context"):
+            if gen.grammar and stats.stop_reason in TRUNCATED:
                 click.echo(f"warning: the output stopped ({stats.stop_reason}) before the grammar "
                            "was complete; raise -n", err=True)
             print_stats(stats, stats_format)

@@ -24,7 +24,7 @@ from localspec.commands.options import (
     spec_options,
 )
 from localspec.core.chat_template import refuse_hostile
-from localspec.core.config import SpecConfig
+from localspec.core.config import SpecConfig, SpecMode
 from localspec.core.errors import UsageError
 from localspec.serve.connections import (
     DEFAULT_HEADER_TIMEOUT,
@@ -142,7 +142,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
     opts = load_options(kw, verbose)
     has_draft = bool(opts.draft) and opts.draft.lower() != "none"
     spec_config(dict(kw), has_draft=has_draft)  # bad options fail before the models load
-    want_draft = has_draft and kw.get("spec") in (None, "auto", "model", "hybrid")
+    want_draft = has_draft and SpecMode(kw.get("spec") or SpecMode.AUTO).uses_draft_model
     if has_draft and not want_draft:
         click.echo(f"localspec serve: --draft is unused with --spec {kw.get('spec')}", err=True)
     sampling = sampling_config(kw)
@@ -156,7 +156,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         refuse_hostile(target)
         spec = _spec(kw, draft)
         profile = find_profile(target, draft) if spec_disable is None else None
-        c = profile.c if profile and spec.mode in ("model", "hybrid") else None
+        c = profile.c if profile and spec.mode.needs_draft_model else None
         limits = spec_threshold(spec_disable, profile, c or 0.0)
         cfg = SchedulerConfig(n_slots=parallel, queue_size=4 * parallel if queue_size is None else queue_size,
                               spec=spec, spec_limits=limits, prefill_chunk=prefill_chunk,
@@ -185,14 +185,14 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
 
 def _spec(kw: dict, draft: object | None) -> SpecConfig:
     """The slots' drafting, once it is known whether a draft model loaded."""
-    mode = kw.get("spec") or "auto"
-    if mode in ("model", "hybrid") and draft is None:
+    mode = SpecMode(kw.get("spec") or SpecMode.AUTO)
+    if mode.needs_draft_model and draft is None:
         raise UsageError(f"--spec {mode}: --draft auto found no compatible draft model")
-    if mode == "auto" and draft is None:
+    if mode is SpecMode.AUTO and draft is None:
         # with n-grams alone, auto's per-round choice rests on single-sequence verify
         # times; in a shared batch the load rule decides when drafts are worth their
         # compute, and AdaptiveK sizes them
-        kw["spec"] = "ngram"
+        kw["spec"] = SpecMode.NGRAM
     return spec_config(kw, has_draft=draft is not None)
 
 

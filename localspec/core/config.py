@@ -3,10 +3,60 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from localspec.core.tuning import DRAFT_MAX, DRAFT_P_MIN
 
-SPEC_MODES = ("auto", "none", "ngram", "model", "hybrid")
+
+class StrEnum(str, Enum):
+    """A str-valued enum: it compares, hashes, formats and serialises (JSON, SQLite, log
+    lines) as its value, so what goes on the wire and into logs stays the plain string.
+    (enum.StrEnum is 3.11+; the package supports 3.10.)"""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class SpecMode(StrEnum):
+    """Which drafter a generation speculates with (--spec)."""
+
+    AUTO = "auto"  # a cost-model policy chooses n-gram, the draft model or nothing, and k
+    NONE = "none"  # plain decoding
+    NGRAM = "ngram"  # prompt lookup
+    MODEL = "model"  # the draft model
+    HYBRID = "hybrid"  # n-gram when the context has a match, else the draft model
+
+    @property
+    def drafts(self) -> bool:
+        """Whether a round may verify a draft at all."""
+        return self is not SpecMode.NONE
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether a loaded draft model is used (auto: when it pays)."""
+        return self in (SpecMode.AUTO, SpecMode.MODEL, SpecMode.HYBRID)
+
+    @property
+    def uses_ngram(self) -> bool:
+        """Whether n-gram (prompt lookup) drafts may be proposed."""
+        return self in (SpecMode.AUTO, SpecMode.NGRAM, SpecMode.HYBRID)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Whether this mode cannot run without a draft model."""
+        return self in (SpecMode.MODEL, SpecMode.HYBRID)
+
+    @property
+    def chooses_k(self) -> bool:
+        """Whether the drafter chooses k itself each round (auto's policy), so AdaptiveK
+        stays out of it."""
+        return self is SpecMode.AUTO
+
+
+SPEC_MODES = tuple(m.value for m in SpecMode)  # the --spec choices, as typed
 
 
 @dataclass(frozen=True)
@@ -61,13 +111,22 @@ class SamplingConfig:
 class SpecConfig:
     """Which drafter and how many tokens to draft per round."""
 
-    mode: str = "ngram"  # auto | none | ngram | model | hybrid
+    mode: SpecMode = SpecMode.NGRAM  # a plain string is taken as the mode it names
     draft_max: int = DRAFT_MAX
     draft_min: int = 0
     draft_p_min: float = DRAFT_P_MIN  # model drafter stops when its top prob falls below
     ngram_min: int = 1
     ngram_max: int = 4
-    adaptive: bool = True  # grow k after fully accepted rounds, shrink after early misses
+    adaptive: bool = True  # k may adapt (not --fixed-k); whether it does: adapts_k
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", SpecMode(self.mode))  # ValueError for an unknown one
+
+    @property
+    def adapts_k(self) -> bool:
+        """Whether AdaptiveK grows k after fully accepted rounds and shrinks it after
+        early misses: asked for, and the drafter does not choose k itself (auto)."""
+        return self.adaptive and not self.mode.chooses_k
 
 
 @dataclass(frozen=True)

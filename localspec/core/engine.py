@@ -36,6 +36,7 @@ from localspec.core.events import (
     Event,
     GenerationStats,
     Round,
+    StopReason,
     Token,
     TokenLogprob,
     count_round,
@@ -51,13 +52,13 @@ from localspec.core.tuning import ADAPTIVE_K_START
 
 
 class AdaptiveK:
-    """Grow k after fully accepted rounds, shrink it after early rejections. Off for
-    `auto`, whose policy chooses k itself (up to draft_max) from its cost model."""
+    """Grow k after fully accepted rounds, shrink it after early rejections, when
+    SpecConfig.adapts_k (not for `auto`, whose policy chooses k itself up to draft_max)."""
 
     def __init__(self, spec: SpecConfig) -> None:
         self.lo = max(1, spec.draft_min)
         self.hi = max(self.lo, spec.draft_max)
-        self.adaptive = spec.adaptive and spec.mode != "auto"
+        self.adaptive = spec.adapts_k
         self.k = min(self.hi, ADAPTIVE_K_START) if self.adaptive else self.hi
 
     def update(self, n_draft: int, n_accept: int) -> None:
@@ -111,7 +112,7 @@ class Output:
         """Returns the event to emit (None for an end-of-generation token); sets
         stats.stop_reason when this token ends the generation."""
         if self.target.is_eog(token) and not self.gen.ignore_eos:
-            self.stats.stop_reason = "eos"
+            self.stats.stop_reason = StopReason.EOS
             return None
         self.stats.generated += 1
         text, hit = self.stops.feed(self.detok.add(token))
@@ -119,15 +120,15 @@ class Output:
         if not hit and self.lines.active:
             text, limit = self.lines.feed(text)
         if hit:
-            self.stats.stop_reason = "stop"
+            self.stats.stop_reason = StopReason.STOP
         elif limit:
             self.stats.stop_reason = limit
         elif 0 < self.gen.max_tokens <= self.stats.generated:
-            self.stats.stop_reason = "length"
+            self.stats.stop_reason = StopReason.LENGTH
         return Token(token, text, from_draft, logprob)
 
     def tail(self) -> str:
-        if self.stats.stop_reason in ("stop", "indent"):  # what follows the cut is dropped
+        if self.stats.stop_reason in (StopReason.STOP, StopReason.INDENT):  # what follows the cut is dropped
             return ""
         return self.stops.feed(self.detok.flush())[0] + self.stops.flush()
 
@@ -232,7 +233,7 @@ class Generation:
         return bool(self.stats.stop_reason)
 
     def cancel(self) -> None:
-        self.stats.stop_reason = "cancelled"
+        self.stats.stop_reason = StopReason.CANCELLED
 
     def start(self, logits: np.ndarray) -> list[Event]:
         """The prompt is in the cache and `logits` is the row after its last token:
@@ -261,11 +262,11 @@ class Generation:
         n_past = len(self.tokens) - 1  # cached: every context token but id_last
         room = self.target.n_ctx_seq - n_past - 1  # draft tokens that fit after id_last
         if room < 0:
-            self.stats.stop_reason = "context"
+            self.stats.stop_reason = StopReason.CONTEXT
             return False
         left = self.gen.max_tokens - self.stats.generated if self.gen.max_tokens > 0 else room
         k = 0
-        if self.spec.mode != "none":  # never past -n: the round's own token comes on top
+        if self.spec.mode.drafts:  # never past -n: the round's own token comes on top
             k = max(0, min(self.policy.k, room, left - 1, room if k_cap is None else k_cap))
         td = time.perf_counter()
         self.draft = self.drafter.draft(self.tokens, k) if k > 0 else Draft()

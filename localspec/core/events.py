@@ -6,6 +6,25 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from localspec.core.config import StrEnum
+
+
+class StopReason(StrEnum):
+    """Why a generation ended (GenerationStats.stop_reason; "" while it runs)."""
+
+    EOS = "eos"  # the model's end-of-generation token
+    STOP = "stop"  # a stop string
+    LENGTH = "length"  # the token limit (-n, max_tokens)
+    CONTEXT = "context"  # the context is full
+    CANCELLED = "cancelled"  # the caller stopped it (Ctrl-C, a closed stream, should_stop)
+    INDENT = "indent"  # a line began left of n_indent (llama-server's /infill limit; limits.py)
+    TIME = "time"  # t_max_predict_ms had passed at a line's end (limits.py)
+    FENCE = "fence"  # edit: the closing fence line is complete (bench's runs are cut there)
+
+
+# cut off by a limit, not ended by the text (OpenAI's finish_reason "length")
+TRUNCATED = frozenset({StopReason.LENGTH, StopReason.CONTEXT, StopReason.TIME})
+
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
@@ -76,7 +95,7 @@ class GenerationStats(Timed):
     drafted_by_pos: list[int] = field(default_factory=list)
     accepted_by_pos: list[int] = field(default_factory=list)
     drafter: str = "none"
-    stop_reason: str = ""
+    stop_reason: StopReason | str = ""  # "" until it ends
     policy: dict = field(default_factory=dict)  # auto: (drafter:k) -> rounds, expected, realised
     # per draft source (ngram, memory, model): [tokens drafted, tokens accepted]
     by_source: dict[str, list[int]] = field(default_factory=dict)

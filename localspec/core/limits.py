@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+from localspec.core.events import StopReason
+
 
 class LineLimits:
     def __init__(self, n_indent: int = 0, t_max_predict_ms: float = 0) -> None:
@@ -27,15 +29,15 @@ class LineLimits:
     def active(self) -> bool:
         return self.n_indent > 0 or self.budget_s > 0
 
-    def feed(self, text: str) -> tuple[str, str | None]:
-        """(the text to keep, why generation ends here: "indent", "time" or None)."""
+    def feed(self, text: str) -> tuple[str, StopReason | None]:
+        """(the text to keep, why generation ends here: INDENT, TIME or None)."""
         if self.n_indent > 0:
             cut = self._indent_cut(text)
             if cut is not None:
-                return text[:cut], "indent"
+                return text[:cut], StopReason.INDENT
         if "\n" in text and self.budget_s > 0 and self.t0 is not None:
             if time.perf_counter() - self.t0 > self.budget_s:
-                return text, "time"
+                return text, StopReason.TIME
         return text, None
 
     def _indent_cut(self, text: str) -> int | None:

@@ -13,7 +13,7 @@ from localspec import models
 from localspec.core.backend import Model, supports_gpu_offload
 from localspec.core.chat_template import render_chat
 from localspec.core.compat import check_pair
-from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig, SpecMode
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
@@ -179,14 +179,14 @@ def make_drafter(
     drafts on the draft's sequence `seq`; with `batch` (the server's slots) its drafts
     are made together with the other slots' when the batch runs. `memory` (auto only):
     earlier outputs to draft from; `remember`: whether this output joins it."""
-    if spec.mode == "none":
+    if spec.mode is SpecMode.NONE:
         return NoDrafter()
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra)
-    if spec.mode == "ngram":
+    if spec.mode is SpecMode.NGRAM:
         return ngram
     model = (ModelDrafter(draft_model, sampling, spec.draft_p_min, seq=seq, batch=batch)
              if draft_model else None)
-    if spec.mode == "auto":
+    if spec.mode is SpecMode.AUTO:
         if target is None:
             recall = MemoryDrafter(memory, learn=remember) if memory is not None else None
             return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max), memory=recall)
@@ -204,7 +204,7 @@ def make_drafter(
         return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max), store=store, memory=recall)
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")
-    return model if spec.mode == "model" else HybridDrafter(ngram, model)
+    return model if spec.mode is SpecMode.MODEL else HybridDrafter(ngram, model)
 
 
 def chat_prompt(model: Model, user: str, system: str | None = None) -> list[int]:

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from localspec import __version__
 from localspec.core.backend import llama_cpp_version
 from localspec.core.config import GenerationConfig, SamplingConfig
-from localspec.core.events import GenerationStats
+from localspec.core.events import GenerationStats, StopReason
 from localspec.serve import admission, protocol
 from localspec.serve.app import _GONE, KEEP_ALIVE, _Api, _error, _EventStream, _watch_disconnect
 from localspec.serve.infill import infill_prompt, mixed
@@ -42,8 +42,12 @@ from localspec.serve.tools import chat_prompt
 # /infill's prefix and suffix windows are parts of llama-server's batch (-b, 2048 by
 # default; here at most half a slot's context, so that the extra chunks keep room)
 LLAMA_SERVER_N_BATCH = 2048
-_STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit",
-              "time": "limit", "indent": "limit"}
+_STOP_TYPE = {StopReason.EOS: "eos", StopReason.STOP: "word", StopReason.LENGTH: "limit",
+              StopReason.CONTEXT: "limit", StopReason.TIME: "limit", StopReason.INDENT: "limit"}
+# localspec's own field: which limit ended it
+_STOPPED_BY = {StopReason.TIME: "t_max_predict_ms", StopReason.INDENT: "n_indent",
+               StopReason.LENGTH: "n_predict", StopReason.CONTEXT: "context",
+               StopReason.STOP: "stop", StopReason.EOS: "eos"}
 
 
 def routes(api: _Api) -> list[Route]:
@@ -320,14 +324,12 @@ class _NativeCall:
                                     "speculative.types": stats.drafter},
             "prompt": self.prompt_text,
             "has_new_line": "\n" in text,
-            "truncated": stats.stop_reason == "context",
+            "truncated": stats.stop_reason == StopReason.CONTEXT,
             "stop_type": _STOP_TYPE.get(stats.stop_reason, "none"),
             "stopping_word": "",
             # the slot's cells after the reply: the prompt and every token but the last
             "tokens_cached": stats.prompt_tokens + max(0, predicted - 1),
-            # localspec's own: which limit ended it ("t_max_predict_ms", "n_indent"...)
-            "stopped_by": {"time": "t_max_predict_ms", "indent": "n_indent", "length": "n_predict",
-                           "context": "context", "stop": "stop", "eos": "eos"}.get(stats.stop_reason, ""),
+            "stopped_by": _STOPPED_BY.get(stats.stop_reason, ""),
             "timings": timings(stats, predicted),
         }
         fields = self.body.response_fields

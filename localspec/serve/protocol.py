@@ -22,6 +22,7 @@ from pydantic_core import ErrorDetails, from_json
 from localspec.core.backend import JSON_GBNF, json_schema_grammar
 from localspec.core.engine import GenerationStats
 from localspec.core.errors import GrammarError
+from localspec.core.events import TRUNCATED
 from localspec.core.toolcalls import ToolChoice, ToolChoiceError, resolve_tool_choice
 from localspec.serve import schema
 
@@ -241,7 +242,7 @@ def new_id(kind: str) -> str:
 def finish_reason(stop_reason: str, tool_calls: bool = False) -> str:
     """The engine's stop reason in OpenAI's vocabulary ("tool_calls" when the reply
     ended, not cut, with calls in it)."""
-    if stop_reason in ("length", "context", "time"):
+    if stop_reason in TRUNCATED:
         return "length"
     return "tool_calls" if tool_calls else "stop"
 

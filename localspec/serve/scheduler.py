@@ -38,6 +38,7 @@ from localspec.core.config import SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
 from localspec.core.drafters.model import DraftBatch
 from localspec.core.engine import Round, Token
+from localspec.core.events import StopReason
 from localspec.core.tuning import PREFILL_RESERVE
 from localspec.core.runtime import make_drafter
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
@@ -95,7 +96,7 @@ class Scheduler:
         self.queue: deque[Job] = deque()
         self.active: list[_Active] = []
         self.free = list(range(cfg.n_slots))  # sequence ids
-        self.speculating = cfg.spec.mode != "none"
+        self.speculating = cfg.spec.mode.drafts
         self.error: BaseException | None = None
         self._cv = threading.Condition()
         self._stopping = False
@@ -158,7 +159,7 @@ class Scheduler:
         limits = self.cfg.spec_limits
         return {"slots": self.cfg.n_slots, "active": len(self.active), "queued": len(self.queue),
                 # idle: the rule's answer for zero load, even before the loop re-evaluates
-                "speculation": self.speculating if self.active else self.cfg.spec.mode != "none",
+                "speculation": self.speculating if self.active else self.cfg.spec.mode.drafts,
                 "spec_mode": self.cfg.spec.mode,
                 "draft": self.draft.name if self.draft is not None else None,
                 "spec_disable_by_batch_size": -1 if limit is None or limit < 0 else limit,
@@ -254,7 +255,7 @@ class Scheduler:
 
     def _speculate(self) -> bool:
         limit = self._limit()
-        on = self.cfg.spec.mode != "none" and (limit is None or limit < 0 or len(self.active) <= limit)
+        on = self.cfg.spec.mode.drafts and (limit is None or limit < 0 or len(self.active) <= limit)
         if on != self.speculating:
             self.speculating = on
             self.metrics.toggled()
@@ -357,7 +358,7 @@ class Scheduler:
                 keep.append(a)
                 continue
             st = a.state
-            if not a.failed and st.stats.stop_reason != "cancelled":
+            if not a.failed and st.stats.stop_reason != StopReason.CANCELLED:
                 done = self._guard(a, st.finish)
                 if done is not None:
                     replies.append((a.job, Finished(done.stats, done.text)))
@@ -398,7 +399,8 @@ class Scheduler:
     def _safe_release(self, a: _Active) -> None:
         try:
             # a finished reply stays in its slot for the next request to start from
-            a.state.release(keep=a.state.done and not a.failed and a.state.stats.stop_reason != "cancelled")
+            st = a.state
+            st.release(keep=st.done and not a.failed and st.stats.stop_reason != StopReason.CANCELLED)
             self._free_draft(a.state.seq)
         except Exception:  # the context is broken beyond one sequence; nothing better to do
             log.exception("could not free sequence %d", a.state.seq)
