@@ -22,15 +22,24 @@ from typing import TYPE_CHECKING
 
 from localspec.core.chat_template import render_chat
 from localspec.core.errors import UsageError
+from localspec.core.events import Done, Event, GenerationStats, Token, Transcript
 from localspec.files import write_atomic  # noqa: F401 - the edit command writes with it
 
 if TYPE_CHECKING:  # the text helpers stay importable without loading llama.cpp
     from localspec.core.backend import Model
     from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
     from localspec.core.drafters import Drafter
-    from localspec.core.engine import Event, GenerationStats
 
 BOM = "\ufeff"
+
+# Defaults of the shared spec flags for edits, where drafts are long copies of the file
+# (chosen with scripts/replay_policy.py; a flag or an environment variable always wins):
+# auto, which drafts a copied run whole once it has held long enough to pay on this
+# machine's verify costs (up to 256 tokens: verify throughput still rises at 128 on a
+# CPU), and short matches only where they have been right. It takes the draft model
+# into account when one is given (--draft). In click's names (`localspec edit` applies
+# them; the benchmark's edit tasks match n-grams the same way).
+EDIT_SPEC_DEFAULTS = {"spec": "auto", "draft_max": 256, "ngram_min": 3, "ngram_max": 12}
 
 SYSTEM_PROMPT = (
     "You are a precise code editor. You receive a text in a fenced block and an "
@@ -306,6 +315,46 @@ def extract_fenced(reply: str, fence: str = "```") -> str | None:
     return reader.finish()
 
 
+class FenceStop:
+    """Edit's stop rule, fed a generation's events: the reply is primed with the opening
+    fence, so the answer is complete once the closing fence line is (`done`: stop
+    generating). `cut` is how many tokens had come then: those accepted after it in the
+    same round are not part of the answer."""
+
+    def __init__(self, fence: str) -> None:
+        self.fence = fence
+        self.reader = FenceReader(fence)
+        self.reader.feed(fence + "\n")  # the opening fence is in the prompt, not in the reply
+        self.n_tokens = 0
+        self.cut: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.reader.done
+
+    def add(self, ev: Event) -> None:
+        """One event of the generation (Round events carry no text)."""
+        if isinstance(ev, Token):
+            self.n_tokens += 1
+            if self.feed(ev.text) and self.cut is None:
+                self.cut = self.n_tokens
+        elif isinstance(ev, Done):
+            self.feed(ev.text)
+
+    def feed(self, text: str) -> bool:
+        """More of the reply's text (for a generation that is not ours: the peer's)."""
+        return self.reader.feed(text)
+
+    def body(self) -> str | None:
+        """The edited text, or None when the block never closed (an incomplete answer)."""
+        return _drop_repeated_fence(self.reader.finish(), self.fence)
+
+    @property
+    def reply(self) -> str:
+        """The reply after our opening fence, up to the closing one, for diagnostics."""
+        return self.reader.text[len(self.fence) + 1 :]
+
+
 @dataclass
 class Outcome:
     """What a rewrite produced: `body` is None unless the answer was complete."""
@@ -323,26 +372,18 @@ def rewrite(target: Model, drafter: Drafter, prompt: list[int], fence: str, *,
     """Generate the edited text; stop as soon as the closing fence line is complete (or
     `should_stop` says so). KeyboardInterrupt propagates (the engine leaves the KV cache
     consistent)."""
-    from localspec.core.engine import Done, Token, generate
+    from localspec.core.engine import generate
 
-    reader = FenceReader(fence)
-    reader.feed(fence + "\n")  # the opening fence is in the prompt, not in the reply
-    stop = should_stop or (lambda: False)
-    events = generate(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen,
-                      should_stop=lambda: reader.done or stop(), draft_model=draft_model)
-    stats = None
-    try:
-        for ev in events:
+    stop = FenceStop(fence)
+    user_stop = should_stop or (lambda: False)
+    with Transcript(generate(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen,
+                             should_stop=lambda: stop.done or user_stop(),
+                             draft_model=draft_model)) as run:
+        for ev in run:
             if on_event is not None:
                 on_event(ev)
-            if isinstance(ev, Token):
-                reader.feed(ev.text)
-            elif isinstance(ev, Done):
-                reader.feed(ev.text)
-                stats = ev.stats
-    finally:
-        events.close()
-    return Outcome(_drop_repeated_fence(reader.finish(), fence), stats, reader.text[len(fence) + 1 :])
+            stop.add(ev)
+    return Outcome(stop.body(), run.stats, stop.reply)
 
 
 def _drop_repeated_fence(body: str | None, fence: str) -> str | None:

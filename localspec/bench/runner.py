@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from localspec.acceptance import logdb
 from localspec.bench.results import Result, Run, Variant, Verdict
 from localspec.bench.vcurve import VCurve
 from localspec.bench.workloads import Prepared, Workload, prepare
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig, SpecMode
-from localspec.core.engine import Done, GenerationStats, Token, generate
+from localspec.core.engine import Token, Transcript, generate
 from localspec.core.events import StopReason
-from localspec.core.runtime import Runtime, make_drafter
+from localspec.core.runtime import Runtime, log_run, make_drafter
+from localspec.edit import EDIT_SPEC_DEFAULTS, FenceStop
 
 if TYPE_CHECKING:
     from localspec.bench.peer import LlamaCppPythonPeer
@@ -70,27 +70,10 @@ class NoProgress:
 # ----- one generation -------------------------------------------------------------------
 
 
-class _FenceStop:
-    """Edit tasks: done once the closing fence line is complete (as `localspec edit`)."""
-
-    def __init__(self, fence: str) -> None:
-        from localspec.edit import FenceReader
-
-        self.reader = FenceReader(fence)
-        self.reader.feed(fence + "\n")  # the opening fence is in the prompt
-
-    def feed(self, text: str) -> bool:
-        return self.reader.feed(text)
-
-    def done(self) -> bool:
-        return self.reader.done
-
-
 def edit_matching(spec: SpecConfig) -> SpecConfig:
     """`spec` with the n-gram match lengths `localspec edit` uses (long matches only: an
     edit copies long runs of the file, and short matches there are mostly noise)."""
-    from localspec.commands.edit import EDIT_SPEC_DEFAULTS as d
-
+    d = EDIT_SPEC_DEFAULTS
     return replace(spec, ngram_min=d["ngram_min"], ngram_max=d["ngram_max"])
 
 
@@ -113,45 +96,37 @@ def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload
     use = warm_prefix(rt.target, prep.tokens[: prep.n_prefix], cache) if cache else None
     if draft is not None:
         draft.prefill(prep.tokens)  # like the target's prefill: before the clock starts
-    fence = _FenceStop(prep.fence) if prep.fence else None
-    events = generate(rt.target, prep.tokens, drafter, sampling=GREEDY, spec=spec,
-                      gen=GenerationConfig(max_tokens=prep.max_tokens),
-                      should_stop=fence.done if fence else None, draft_model=draft)
-    ids: list[int] = []
-    cut: int | None = None  # tokens accepted in the round that closed the fence don't count
-    stats: GenerationStats | None = None
+    fence = FenceStop(prep.fence) if prep.fence else None  # as `localspec edit` stops
     cpu0 = 0.0
-    for ev in events:
-        if isinstance(ev, Token):
-            cpu0 = cpu0 or time.process_time()  # the first token comes right after prefill
-            ids.append(ev.id)
-            progress.advance()
-            if fence is not None and cut is None and fence.feed(ev.text):
-                cut = len(ids)
-        elif isinstance(ev, Done):
-            stats = ev.stats
+    with Transcript(generate(rt.target, prep.tokens, drafter, sampling=GREEDY, spec=spec,
+                             gen=GenerationConfig(max_tokens=prep.max_tokens),
+                             should_stop=(lambda: fence.done) if fence else None,
+                             draft_model=draft)) as run:
+        for ev in run:
+            if isinstance(ev, Token):
+                cpu0 = cpu0 or time.process_time()  # the first token comes right after prefill
+                progress.advance()
+            if fence is not None:
+                fence.add(ev)
     cpu_s = time.process_time() - cpu0 if cpu0 else 0.0
+    stats = run.stats
     assert stats is not None  # generate always ends with Done
     if use is not None:
         use.add_to(stats)
-    _log(rt, stats, spec, workload, draft, settings)
-    return Run(ids[:cut] if cut else ids, stats.decode_s, stats.rounds, stats.draft_rounds,
+    log_run("bench", stats, rt.target, draft, spec, GREEDY, tag=workload.tag, enabled=settings.log)
+    # tokens accepted in the round that closed the fence are not part of the answer
+    cut = fence.cut if fence is not None else None
+    return Run(run.ids[:cut] if cut else run.ids, stats.decode_s, stats.rounds, stats.draft_rounds,
                stats.drafted, stats.accepted, stats.draft_s, stats.llama_s,
                StopReason.FENCE if cut else stats.stop_reason, cpu_s, stats.prefill_s,
                stats.prefill_tokens, stats.restored_tokens, stats.cache_s)
-
-
-def _log(rt: Runtime, stats: GenerationStats, spec: SpecConfig, workload: Workload,
-         draft: Model | None, settings: Settings) -> None:
-    logdb.log_generation("bench", stats, target=rt.target.path, draft=draft.path if draft else None,
-                   spec=spec, sampling=GREEDY, tag=workload.tag, enabled=settings.log)
 
 
 def run_peer(peer: LlamaCppPythonPeer, target: Model, prep: Prepared, variant: Variant,
              progress: Progress) -> Run:
     """One generation through the peer, with the same prompt tokens and limits."""
     peer.set_num_pred_tokens(variant.k)
-    fence = _FenceStop(prep.fence) if prep.fence else None
+    fence = FenceStop(prep.fence) if prep.fence else None
     detok = target.detokenizer()
 
     def stop(tok: int) -> bool:
@@ -160,7 +135,7 @@ def run_peer(peer: LlamaCppPythonPeer, target: Model, prep: Prepared, variant: V
 
     out = peer.generate(prep.tokens, prep.max_tokens, stop)
     return Run(out.ids, out.decode_s, out.rounds, out.rounds, out.drafted, out.accepted,
-               stop_reason=StopReason.FENCE if fence and fence.done() else "", cpu_s=out.cpu_s)
+               stop_reason=StopReason.FENCE if fence and fence.done else "", cpu_s=out.cpu_s)
 
 
 # ----- comparing outputs ----------------------------------------------------------------

@@ -11,14 +11,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from localspec.acceptance import logdb
 from localspec.chat.commands import Command, CommandError, help_text
 from localspec.chat.session import Conversation
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig, SpecMode
 from localspec.core.drafters import Drafter
+from localspec.core.backend import Model
 from localspec.core.engine import Done, Event, GenerationStats, Round, Token, generate
-from localspec.core.events import StopReason
-from localspec.core.runtime import Runtime, make_drafter
+from localspec.core.events import StopReason, Transcript
+from localspec.core.runtime import Runtime, log_run, make_drafter
 
 
 @dataclass(frozen=True)
@@ -145,22 +145,13 @@ class ChatRunner:
                 if m is not None:
                     m.rewind(0)
         live.prompt_tokens = live.ctx_used = len(prompt.tokens)
-        parts: list[str] = []
-        ids: list[int] = []
-        done: Done | None = None
-        events = generate(self.target, prompt.tokens, self.drafter(), sampling=self.sampling,
-                          spec=self.spec, gen=self.gen, should_stop=should_stop,
-                          draft_model=self.draft_model if self._uses_draft_model() else None)
+        run = Transcript(generate(self.target, prompt.tokens, self.drafter(), sampling=self.sampling,
+                                  spec=self.spec, gen=self.gen, should_stop=should_stop,
+                                  draft_model=self._draft_in_use()))
         failed = False
         try:
-            for ev in events:
+            for ev in run:
                 self._observe(ev, live)
-                if isinstance(ev, Token):
-                    parts.append(ev.text)
-                    ids.append(ev.id)
-                elif isinstance(ev, Done):
-                    parts.append(ev.text)
-                    done = ev
                 yield ev
         except GeneratorExit:  # the consumer stopped reading: a cancel, keep the text
             raise
@@ -168,17 +159,16 @@ class ChatRunner:
             failed = True
             raise
         finally:
-            events.close()
+            run.close()
             live.running = False
             live.t_last = time.perf_counter()
             if failed and not live.generated:
                 self.conv.pop()  # nothing came of this message: as if never sent
             else:
-                reply = "".join(parts)
-                self._finish(text, reply, done, live)
+                self._finish(text, run.text, run.stats, live)
                 # next turn: reuse these exact ids when the text agrees (no stop string cut it)
-                if self.target.detokenize(ids) == reply:
-                    self.conv.remember(prompt, reply, ids)
+                if self.target.detokenize(run.ids) == run.text:
+                    self.conv.remember(prompt, run.text, run.ids)
 
     def _observe(self, ev: Event, live: Live) -> None:
         if isinstance(ev, Token):
@@ -196,8 +186,7 @@ class ChatRunner:
         elif isinstance(ev, Done):
             live.prefill_tokens = ev.stats.prefill_tokens
 
-    def _finish(self, user: str, reply: str, done: Done | None, live: Live) -> None:
-        stats = done.stats if done is not None else None
+    def _finish(self, user: str, reply: str, stats: GenerationStats | None, live: Live) -> None:
         stop = stats.stop_reason if stats else StopReason.CANCELLED
         self.conv.add("assistant", reply, stop_reason=stop, tokens=live.generated)
         self.turns.append(TurnInfo(
@@ -207,32 +196,22 @@ class ChatRunner:
             decode_s=stats.decode_s if stats else 0.0, stop_reason=stop,
         ))  # fmt: skip
         live.ctx_used = self.target.n_past
-        if stats is not None:
-            self._log(stats, user, reply)
+        log_run("chat", stats, self.target, self._draft_in_use(), self.spec, self.sampling,
+                tag=self.tag, prompt_text=user, output_text=reply, enabled=self.log)
         self.autosave()
-
-    def _log(self, stats: GenerationStats, user: str, reply: str) -> None:
-        if not self.log:
-            return
-        logdb.log_generation(
-            "chat", stats, target=self.target.path,
-            draft=self.draft_model.path if self._uses_draft_model() else None,
-            spec=self.spec, sampling=self.sampling, tag=self.tag, prompt_text=user,
-            output_text=reply,
-        )  # fmt: skip
 
     # ----- settings ----------------------------------------------------------------
 
-    def _uses_draft_model(self) -> bool:
-        return self.draft_model is not None and self.spec.mode.uses_draft_model
+    def _draft_in_use(self) -> Model | None:
+        """The draft model, when the current mode drafts with it."""
+        return self.draft_model if self.spec.mode.uses_draft_model else None
 
     def drafter(self) -> Drafter:
         """The drafter for the current settings, kept across turns (the model drafter's
         KV cache follows the conversation by prefix reuse, like the target's)."""
         if self._drafter is None:
-            draft = self.draft_model if self._uses_draft_model() else None
-            self._drafter = make_drafter(self.spec, self.sampling, draft, target=self.target,
-                                         memory=self.memory if self.spec.mode == "auto" else None)
+            self._drafter = make_drafter(self.spec, self.sampling, self._draft_in_use(), target=self.target,
+                                         memory=self.memory if self.spec.mode.uses_memory else None)
         return self._drafter
 
     def _respec(self, mode: SpecMode) -> None:
@@ -286,7 +265,7 @@ class ChatRunner:
 
     def names(self) -> str:
         target = Path(self.target.path).stem
-        if self._uses_draft_model():
+        if self._draft_in_use() is not None:
             return f"{target} + {Path(self.draft_model.path).stem}"
         return target
 

@@ -32,6 +32,7 @@ from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.errors import ContextFull, LocalspecError, UsageError
 from localspec.core.events import StopReason
 from localspec.edit import (
+    EDIT_SPEC_DEFAULTS,
     Region,
     Source,
     build_prompt_parts,
@@ -45,14 +46,6 @@ from localspec.edit import (
     unified_diff,
     write_atomic,
 )
-
-# Defaults of the shared spec flags for edits, where drafts are long copies of the file
-# (chosen with scripts/replay_policy.py; a flag or an environment variable always wins):
-# auto, which drafts a copied run whole once it has held long enough to pay on this
-# machine's verify costs (up to 256 tokens: verify throughput still rises at 128 on a
-# CPU), and short matches only where they have been right. It takes the draft model
-# into account when one is given (--draft).
-EDIT_SPEC_DEFAULTS = {"spec": "auto", "draft_max": 256, "ngram_min": 3, "ngram_max": 12}
 
 
 @click.command()
@@ -254,8 +247,8 @@ class Session:
     def _edit_one(self, rt, job: Job, prompt: list[int], n_prefix: int, file_tokens: list[int],
                   ctrl_c: CtrlC, cache) -> bool:
         from localspec.commands.progress import EditProgress, summary_line
-        from localspec.core.runtime import make_drafter
-        from localspec.models.prefix_store import warm_prefix
+        from localspec.core.runtime import log_run, make_drafter
+        from localspec.models.prefix_store import restore_prefix, store_prefix, warm_prefix
 
         name = job.source.name
         drafter = make_drafter(self.spec, self.sampling, rt.draft, file_tokens, target=rt.target,
@@ -264,7 +257,7 @@ class Session:
         with ctrl_c.catching(), EditProgress(Path(name).name, len(file_tokens), enabled=live) as progress:
             # the file's KV state from the prefix cache, or prefilled and stored there
             use = warm_prefix(rt.target, prompt[:n_prefix], cache, lambda: ctrl_c.pressed)
-            draft_hit = _restore_draft(rt.draft, prompt[:n_prefix], cache)
+            draft_hit = restore_prefix(rt.draft, prompt[:n_prefix], cache)
             if ctrl_c.pressed:
                 raise KeyboardInterrupt
             outcome = rewrite(
@@ -275,14 +268,15 @@ class Session:
         if ctrl_c.pressed:
             raise KeyboardInterrupt
         if not draft_hit:  # not after Ctrl-C: raised above
-            _store_draft(rt.draft, prompt[:n_prefix], cache)
+            store_prefix(rt.draft, prompt[:n_prefix], cache)
         stats = outcome.stats
         if stats is not None:
             use.add_to(stats)
             if self.show_progress:
                 line = summary_line(stats, progress.plain_token_s, use.saved_s)
                 click.echo(f"{name}: {line}", err=True)
-            self._log(rt, stats, outcome.reply)
+            log_run("edit", stats, rt.target, rt.draft, self.spec, self.sampling, tag=self.tag,
+                    prompt_text=self.instruction, output_text=outcome.reply, enabled=self.log)
         if outcome.body is None:
             why = {StopReason.LENGTH: f"stopped at the token limit, {stats.generated if stats else 0} "
                                       "tokens (raise -n, or -c)",
@@ -293,15 +287,6 @@ class Session:
             return False
         getattr(self._recall, "commit", lambda: None)()
         return self._apply(job, outcome.body)
-
-    def _log(self, rt, stats, reply: str) -> None:
-        from localspec.acceptance.logdb import log_generation
-
-        log_generation(
-            "edit", stats, target=rt.target.path, draft=rt.draft.path if rt.draft else None,
-            spec=self.spec, sampling=self.sampling, tag=self.tag, prompt_text=self.instruction,
-            output_text=reply, enabled=self.log,
-        )
 
     def _apply(self, job: Job, body: str) -> bool:
         src, region = job.source, job.region
@@ -376,19 +361,6 @@ class CtrlC:
         if self.pressed:
             raise KeyboardInterrupt
         self.pressed = True
-
-
-def _restore_draft(draft, prefix: list[int], cache) -> bool:
-    """The draft model's KV state of the prefix, when the cache has it. (It is not
-    prefilled here on a miss: an auto drafter may never ask the draft model.)"""
-    return draft is not None and cache is not None and cache.restore(draft, prefix) is not None
-
-
-def _store_draft(draft, prefix: list[int], cache) -> None:
-    """After the edit: keep the draft model's state of the prefix when it computed one."""
-    if draft is not None and cache is not None and draft.common_prefix(prefix) == len(prefix):
-        draft.rewind(len(prefix))  # it follows the context by prefix reuse: no harm
-        cache.store(draft, prefix)
 
 
 def _diff_name(name: str) -> str:

@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from localspec.acceptance.logdb import log_generation
 from localspec.commands.options import (
     LoadOptions,
     MemoryOptions,
@@ -30,7 +29,7 @@ from localspec.commands.options import (
 )
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.errors import UsageError
-from localspec.core.events import TRUNCATED, Done, GenerationStats, Token
+from localspec.core.events import TRUNCATED, Done, GenerationStats, Token, Transcript
 
 
 def read_prompt(args: tuple[str, ...], prompt: str | None = None, file: str | None = None) -> str:
@@ -143,52 +142,42 @@ def run_generation(
     """Load, generate, stream to stdout. Ctrl-C stops and keeps what was printed."""
     # imported here: they load llama.cpp, which `localspec run --help` must not need
     from localspec.core.engine import generate
-    from localspec.core.runtime import chat_prompt, make_drafter, open_runtime
+    from localspec.core.runtime import chat_prompt, log_run, make_drafter, open_runtime
     from localspec.memory_store import open_memory
 
     with open_runtime(opts, want_draft=spec.mode.uses_draft_model) as rt:
         target = rt.target
         prompt = target.tokenize(text) if raw else chat_prompt(target, text, system)
         recall = (open_memory(target, enabled=memory.enabled, lookup=memory.lookup)
-                  if spec.mode == "auto" else None)
+                  if spec.mode.uses_memory else None)
         drafter = make_drafter(spec, sampling, rt.draft, target=target, memory=recall)
-        events = generate(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen,
-                          draft_model=rt.draft)
+        reply = Transcript(generate(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen,
+                                    draft_model=rt.draft))
         out = sys.stdout
-        stats = None
-        pieces: list[str] = []
         try:
-            for ev in events:
-                if isinstance(ev, Token) and ev.text:
-                    out.write(ev.text)
-                    out.flush()
-                    pieces.append(ev.text)
-                elif isinstance(ev, Done):
-                    out.write(ev.text)
-                    pieces.append(ev.text)
-                    stats = ev.stats
+            with reply:  # closed first: the engine's finally leaves the KV cache consistent
+                for ev in reply:
+                    if isinstance(ev, Token) and ev.text:
+                        out.write(ev.text)
+                        out.flush()
+                    elif isinstance(ev, Done):
+                        out.write(ev.text)
         except KeyboardInterrupt:
-            events.close()  # the engine's finally leaves the KV cache consistent
             out.write("\n")
             out.flush()
             click.echo("interrupted", err=True)
             raise SystemExit(130) from None
-        finally:
-            events.close()
-        output = "".join(pieces)
-        if output and not output.endswith("\n"):
+        if reply.text and not reply.text.endswith("\n"):
             out.write("\n")
         out.flush()
+        stats = reply.stats
         if stats is not None:
             if gen.grammar and stats.stop_reason in TRUNCATED:
                 click.echo(f"warning: the output stopped ({stats.stop_reason}) before the grammar "
                            "was complete; raise -n", err=True)
             print_stats(stats, stats_format)
-            log_generation(
-                "run", stats, target=target.path, draft=rt.draft.path if rt.draft else None,
-                spec=spec, sampling=sampling, tag=tag, prompt_text=text, output_text=output,
-                enabled=log,
-            )
+        log_run("run", stats, target, rt.draft, spec, sampling, tag=tag, prompt_text=text,
+                output_text=reply.text, enabled=log)
         return stats
 
 

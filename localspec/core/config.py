@@ -45,6 +45,11 @@ class SpecMode(StrEnum):
         return self in (SpecMode.AUTO, SpecMode.NGRAM, SpecMode.HYBRID)
 
     @property
+    def uses_memory(self) -> bool:
+        """Whether earlier outputs (the memory, --lookup corpora) are a draft source."""
+        return self is SpecMode.AUTO
+
+    @property
     def needs_draft_model(self) -> bool:
         """Whether this mode cannot run without a draft model."""
         return self in (SpecMode.MODEL, SpecMode.HYBRID)

@@ -39,6 +39,7 @@ from localspec.core.events import (
     StopReason,
     Token,
     TokenLogprob,
+    Transcript,
     count_round,
 )
 from localspec.core.sampling import (
@@ -373,16 +374,11 @@ def generate(
 
 
 def collect(events: Iterator[Event]) -> tuple[list[int], str, GenerationStats]:
-    """Drain a generation: (token ids, text, stats). For tests, bench and edit."""
-    ids: list[int] = []
-    parts: list[str] = []
-    for ev in events:
-        if isinstance(ev, Token):
-            ids.append(ev.id)
-            parts.append(ev.text)
-        elif isinstance(ev, Done):
-            parts.append(ev.text)
-            return ids, "".join(parts), ev.stats
+    """Drain a generation: (token ids, text, stats). For tests and scripts."""
+    with Transcript(events) as run:
+        for ev in run:
+            if isinstance(ev, Done):
+                return run.ids, run.text, ev.stats
     raise RuntimeError("generation ended without a Done event")
 
 

@@ -4,6 +4,7 @@ Every consumer (run, edit, chat, serve, bench, the tests) reads these; the engin
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from localspec.core.config import StrEnum
@@ -148,6 +149,51 @@ class Done:
 
 
 Event = Token | Round | Done
+
+
+class Transcript:
+    """One generation's events, passed on as they come and gathered on the way: the token
+    ids, the text (with what Done releases at the end) and, once it ends, the stats.
+    Closing it (with, or close()) closes the generation whatever ended the loop (the
+    consumer stopping, an exception, Ctrl-C): generate()'s finally then leaves the KV
+    cache consistent at once.
+
+        with Transcript(generate(...)) as run:
+            for ev in run:
+                ...
+        run.ids, run.text, run.stats
+    """
+
+    def __init__(self, events: Iterator[Event]) -> None:
+        self.events = events
+        self.ids: list[int] = []
+        self.pieces: list[str] = []
+        self.stats: GenerationStats | None = None  # None until Done (or when cut short)
+
+    def __iter__(self) -> Iterator[Event]:
+        for ev in self.events:
+            if isinstance(ev, Token):
+                self.ids.append(ev.id)
+                self.pieces.append(ev.text)
+            elif isinstance(ev, Done):
+                self.pieces.append(ev.text)
+                self.stats = ev.stats
+            yield ev
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def close(self) -> None:
+        close = getattr(self.events, "close", None)  # a generator; a list's iterator has none
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Transcript:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def count_round(stats, n_draft: int, n_accept: int) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localspec import models
+from localspec.acceptance import logdb
 from localspec.core.backend import Model, supports_gpu_offload
 from localspec.core.chat_template import render_chat
 from localspec.core.compat import check_pair
@@ -19,6 +20,7 @@ from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
+from localspec.core.events import GenerationStats
 from localspec.models.drafts import draft_candidates
 from localspec.models.gguf_info import GGUFError, read_info
 from localspec.models.profile import Profile, Setup, load_profile, model_id, store_online_later
@@ -205,6 +207,22 @@ def make_drafter(
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")
     return model if spec.mode is SpecMode.MODEL else HybridDrafter(ngram, model)
+
+
+def log_run(command: str, stats: GenerationStats | None, target: Model, draft: Model | None,
+            spec: SpecConfig, sampling: SamplingConfig, *, tag: str | None = None,
+            prompt_text: str = "", output_text: str = "", enabled: bool = True) -> None:
+    """Record one generation of `command` in the acceptance log, if it ended (`stats`;
+    None: cut short before Done); `draft`: the draft model it was given. The texts
+    choose the workload tag when `tag` is None. Never raises: the log must not break a
+    run."""
+    if stats is None:
+        return
+    logdb.log_generation(
+        command, stats, target=target.path, draft=draft.path if draft else None, spec=spec,
+        sampling=sampling, tag=tag, prompt_text=prompt_text, output_text=output_text,
+        enabled=enabled,
+    )
 
 
 def chat_prompt(model: Model, user: str, system: str | None = None) -> list[int]:

@@ -1,6 +1,6 @@
 """The prefix cache (PrefixStore): KV states of prompt prefixes kept on disk, so a
 prompt that starts with a prefix seen before (an edit of the same unchanged file)
-prefills only the rest. (In-memory prefix reuse is backend.PrefixCache's.)
+prefills only the rest. (In-memory prefix reuse is backend.PrefixReuse's.)
 
 An entry is one file, `<key>.kv` under `cache_dir()/prefix`, where the key hashes the
 model's identity and the prefix tokens. It holds a magic, a JSON header, the tokens
@@ -254,8 +254,7 @@ def warm_prefix(model: Model, prefix: Sequence[int], cache: PrefixStore | None,
         if hit is not None:
             use.restored, use.saved_s = hit.n_tokens, hit.prefill_s
             return use
-    keep = model.common_prefix(prefix)
-    model.rewind(keep)
+    keep = model.reuse_prefix(prefix)
     if keep == len(prefix):
         return use
     t0 = time.perf_counter()
@@ -271,3 +270,19 @@ def warm_prefix(model: Model, prefix: Sequence[int], cache: PrefixStore | None,
         use.stored = cache.store(model, prefix, use.prefill_s if keep == 0 else None)
         use.cache_s += time.perf_counter() - t1
     return use
+
+
+def restore_prefix(model: Model | None, prefix: Sequence[int], cache: PrefixStore | None) -> bool:
+    """`model`'s state of `prefix` from the cache when it has it; nothing is prefilled on
+    a miss (edit's draft model: an auto drafter may never ask it)."""
+    return model is not None and cache is not None and cache.restore(model, prefix) is not None
+
+
+def store_prefix(model: Model | None, prefix: Sequence[int], cache: PrefixStore | None) -> bool:
+    """After a generation: keep `model`'s state of `prefix` when its cells still hold all
+    of it (the cells past it are dropped: the model follows its context by prefix reuse,
+    so that costs nothing)."""
+    if model is None or cache is None or model.common_prefix(prefix) < len(prefix):
+        return False
+    model.rewind(len(prefix))
+    return cache.store(model, prefix)

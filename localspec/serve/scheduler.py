@@ -229,7 +229,7 @@ class Scheduler:
                 self._free_draft(seq)  # whatever the slot's last user left
                 drafter = self._drafter(job, seq)
                 state = SeqState(self.target, seq, job.prompt, drafter, sampling=job.sampling,
-                                 spec=self.cfg.spec, gen=job.gen, held=held[best])
+                                 spec=self.cfg.spec, gen=job.gen)
             except Exception as exc:
                 log.exception("could not start a request")
                 self.free.append(seq)

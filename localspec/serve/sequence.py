@@ -26,14 +26,11 @@ class SeqState(Generation):
     """A generation in progress on sequence `seq` of `target`, prefilled in chunks."""
 
     def __init__(self, target: Model, seq: int, prompt: Sequence[int], drafter: Drafter, *,
-                 sampling: SamplingConfig, spec: SpecConfig, gen: GenerationConfig,
-                 held: int) -> None:
+                 sampling: SamplingConfig, spec: SpecConfig, gen: GenerationConfig) -> None:
         super().__init__(target, prompt, drafter, sampling=sampling, spec=spec, gen=gen, seq=seq)
-        # keep what the slot's last user left that this prompt begins with (`held` tokens,
-        # as the scheduler measured to choose the slot; at least the last prompt token is
-        # decoded again: its logits pick the first token)
-        self.n_prefilled = min(held, len(self.prompt) - 1)
-        target.rewind(self.n_prefilled, force=True, seq=seq)
+        # keep what the slot's last user left that this prompt begins with (at least the
+        # last prompt token is decoded again: its logits pick the first token)
+        self.n_prefilled = target.reuse_prefix(self.prompt, seq=seq, redo_last=True, force=True)
         self.stats.restored_tokens = self.n_prefilled
 
     @property

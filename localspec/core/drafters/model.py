@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec.core.backend import Model, shared_prefix
+from localspec.core.backend import Model
 from localspec.core.config import SamplingConfig
 from localspec.core.constrain import GrammarLike, constrained_argmax, constrained_probs
 from localspec.core.drafters.base import Draft, DrafterBase
@@ -130,8 +130,7 @@ def draft_together(model: Model, reqs: Sequence[_Request]) -> tuple[int, int]:
         raise ValueError("one draft per sequence and batch")
     feeds = []
     for r in reqs:  # each sequence's cells follow its context by prefix reuse
-        keep = min(shared_prefix(model.seq_tokens(r.seq), r.context), len(r.context) - 1)
-        model.rewind(keep, seq=r.seq)
+        keep = model.reuse_prefix(r.context, seq=r.seq, redo_last=True)
         feeds.append((r.seq, r.context[keep:]))
     rows, n_decodes, n_rows = _catch_up(model, feeds)
     live = list(reqs)
