@@ -23,14 +23,13 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from localspec import models
-from localspec.commands.edit import EDIT_SPEC_DEFAULTS
 from localspec.core.backend import Model
 from localspec.core.config import (
     GenerationConfig,
@@ -38,10 +37,12 @@ from localspec.core.config import (
     SamplingConfig,
     SpecConfig,
 )
-from localspec.core.drafters.base import Draft, DrafterBase
+from localspec.core.drafters.base import DrafterBase
+from localspec.core.drafters.ngram import NgramDraft
 from localspec.core.engine import AdaptiveK, Round, Token
 from localspec.core.runtime import make_drafter
 from localspec.edit import (
+    EDIT_SPEC_DEFAULTS,
     build_prompt,
     choose_fence,
     read_source,
@@ -150,23 +151,23 @@ class CopyDrafter(DrafterBase):
             return best_key[0], best_p
         return 0, None
 
-    def draft(self, context, k: int) -> Draft:
+    def draft(self, context, k: int) -> NgramDraft:
         n = len(self.tokens)
         if n > len(context) or (n and context[n - 1] != self.tokens[n - 1]):
             self.begin(context)
         else:
             self._extend(context[n:])
         if k <= 0:
-            return Draft(source=self.name)
+            return NgramDraft(source=self.name)
         length, p = self._best()
         if length < 2 and self.substitute and self.cursor is not None and self.substituted_at != self.cursor:
             p, self.substituted_at = self.cursor + 1, self.cursor
         elif length < self.min_match:
             p = None
         if p is None or p >= len(self.tokens):
-            return Draft(source=self.name)
+            return NgramDraft(source=self.name)
         self.last = p
-        return Draft(tokens=self.tokens[p : p + k], source=self.name, match_len=length)
+        return NgramDraft(tokens=self.tokens[p : p + k], source=self.name, match_len=length)
 
 
 def edit_spec(overrides: str = "") -> SpecConfig:
@@ -178,7 +179,15 @@ def edit_spec(overrides: str = "") -> SpecConfig:
         key, _, val = item.partition("=")
         values[key] = (val if key == "mode" else val == "1" if key == "adaptive"
                        else float(val) if key == "draft_p_min" else int(val))
+    if values["mode"] == "copy":
+        return CopySpec(**{**values, "mode": "ngram"})
     return SpecConfig(**values)
+
+
+@dataclass(frozen=True)
+class CopySpec(SpecConfig):
+    """--variant mode=copy: the prototype CopyDrafter, which the engine runs as it runs
+    an n-gram drafter (it drafts whenever the mode is not none)."""
 
 
 def task_prompt(target: Model, task: dict) -> tuple[list[int], list[int], str]:
@@ -191,9 +200,8 @@ def task_prompt(target: Model, task: dict) -> tuple[list[int], list[int], str]:
 
 
 def drafter_for(spec: SpecConfig, file_tokens: list[int], target: Model | None):
-    if spec.mode == "copy":  # the engine drafts whenever the mode is not none
-        drafter = CopyDrafter(min_match=spec.ngram_min, substitute=spec.draft_p_min > 0)
-        return drafter, replace(spec, mode="ngram")
+    if isinstance(spec, CopySpec):
+        return CopyDrafter(min_match=spec.ngram_min, substitute=spec.draft_p_min > 0), spec
     return make_drafter(spec, GREEDY, None, file_tokens, target=target), spec
 
 

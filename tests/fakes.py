@@ -3,7 +3,7 @@
 FakeModel implements the part of `localspec.core.backend.Model` that the engine and the
 model drafter use on sequence 0: n_ctx, n_ctx_seq, n_batch, n_vocab, n_past, cached,
 seq_tokens, llama_s, decode, decode_multi, rewind, is_eog and detokenizer; prefill and
-common_prefix are the backend's own (PrefixCache), so the engine tests exercise the real prefix reuse. Its logits come from
+common_prefix are the backend's own (PrefixReuse), so the engine tests exercise the real prefix reuse. Its logits come from
 a deterministic function of the context, so the "true" continuation of any context is
 known to the tests. It keeps real KV bookkeeping (`cached`) plus the simulated KV cells
 (`cells`), which can run ahead of `cached` when a decode is interrupted, exactly like
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from localspec.core.backend import Detokenizer, PrefixCache
+from localspec.core.backend import Detokenizer, PrefixReuse
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.errors import ContextFull
 
@@ -95,7 +95,7 @@ class Interrupted(Exception):
     """Raised by FakeModel.decode to simulate Ctrl-C in the middle of llama_decode."""
 
 
-class FakeModel(PrefixCache):
+class FakeModel(PrefixReuse):
     """A deterministic stand-in for backend.Model.
 
     logits_fn(context) -> (n_vocab,) logits for the token after `context`. The default

@@ -12,7 +12,7 @@ from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.auto import AcceptModel, AutoDrafter, CostModel, best_k
 from localspec.core.drafters.costs import extend
 from localspec.core.drafters.base import Draft, DrafterBase
-from localspec.core.drafters.ngram import NgramDrafter
+from localspec.core.drafters.ngram import NgramDraft, NgramDrafter
 from localspec.core.engine import collect, generate
 from localspec.models.profile import Profile, merge_online, vcurve_sizes
 
@@ -91,9 +91,11 @@ def test_accept_model_learns_and_decays():
 
 
 class _Fixed(DrafterBase):
-    """Proposes the fake target's true continuation with the first `wrong` tokens wrong."""
+    """Stands in for auto's n-gram drafter: proposes the fake target's true continuation,
+    every token wrong unless `good`."""
 
     name = "fixed"
+    copying = False
 
     def __init__(self, model: FakeModel, good: bool, match_len: int = 4) -> None:
         self.model, self.good, self.match_len = model, good, match_len
@@ -105,7 +107,7 @@ class _Fixed(DrafterBase):
         toks = self.model.continuation(context, k)
         if not self.good:
             toks = [(t + 1) % self.model.n_vocab for t in toks]
-        return Draft(tokens=toks, source="ngram", match_len=self.match_len)
+        return NgramDraft(tokens=toks, source="ngram", match_len=self.match_len)
 
 
 def _run(model, drafter, n=120):
@@ -211,13 +213,16 @@ class _CountingModelDrafter(DrafterBase):
 
 
 class _NoMatch(DrafterBase):
+    """Stands in for auto's n-gram drafter: never finds a match."""
+
     name = "ngram"
+    copying = False
 
     def begin(self, prompt):
         pass
 
     def draft(self, context, k):
-        return Draft(source="ngram")
+        return NgramDraft(source="ngram")
 
 
 def test_auto_never_probes_a_draft_model_that_cannot_pay():

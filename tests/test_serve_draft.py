@@ -303,7 +303,7 @@ def test_drafts_for_several_sequences_follow_each_context(draft, monkeypatch):
     drafts = [ModelDrafter(draft, greedy, seq=s, batch=batch).draft(ctx, 5)
               for s, ctx in enumerate(contexts)]
     assert all(d.tokens == [] for d in drafts)  # filled when the batch runs
-    n_decodes, n_rows, _ = batch.run()
+    n_decodes, n_rows, _, _ = batch.run()
     n_bulk = -(-bulk // draft.n_batch)
     assert n_decodes == n_bulk + 5  # the bulk, then 5 decodes of 3 rows (the last token is not decoded)
     assert n_rows >= n_bulk + 3 * 5

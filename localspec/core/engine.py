@@ -220,7 +220,7 @@ class Generation:
         self.sampling, self.spec, self.gen = sampling, spec, gen
         self.stats = GenerationStats(prompt_tokens=len(prompt), drafter=drafter.name)
         self.out = Output(target, gen, self.stats)
-        self.policy = AdaptiveK(spec)
+        self.adaptive_k = AdaptiveK(spec)
         self.rng = np.random.default_rng(sampling.seed)
         self.tokens = list(prompt)  # the context: prompt + generated, id_last last
         self.id_last = -1  # -1 until start()
@@ -268,17 +268,19 @@ class Generation:
         left = self.gen.max_tokens - self.stats.generated if self.gen.max_tokens > 0 else room
         k = 0
         if self.spec.mode.drafts:  # never past -n: the round's own token comes on top
-            k = max(0, min(self.policy.k, room, left - 1, room if k_cap is None else k_cap))
+            k = max(0, min(self.adaptive_k.k, room, left - 1, room if k_cap is None else k_cap))
         td = time.perf_counter()
         self.draft = self.drafter.draft(self.tokens, k) if k > 0 else Draft()
         self.k, self.draft_s = k, time.perf_counter() - td
         return True
 
-    def batch(self) -> list[int]:
-        """1b. the batch to verify, [id_last, *draft], once the draft is complete."""
+    def batch(self, shared_s: float = 0.0) -> list[int]:
+        """1b. the batch to verify, [id_last, *draft], once the draft is complete.
+        `shared_s`: the time of a drafting phase this draft was made in together with
+        other sequences' (the server's batched draft-model decodes), counted as drafting."""
         draft = self.draft
         draft.tokens = draft.tokens[: self.k]
-        self.draft_s += draft.batch_s
+        self.draft_s += shared_s
         self.stats.draft_s += self.draft_s
         if len(draft.tokens) < self.spec.draft_min:
             self.draft = Draft()  # too short to be worth a batched verify
@@ -300,7 +302,7 @@ class Generation:
             row = self.stats.by_source.setdefault(draft.source, [0, 0])
             row[0] += n_draft
             row[1] += n_accept
-        self.policy.update(n_draft, n_accept)
+        self.adaptive_k.update(n_draft, n_accept)
         self.drafter.observe(n_draft, n_accept, verify_s, self.draft_s)
         events: list[Event] = [Round(n_draft, n_accept, draft.source, self.k)]
         for i, tok in enumerate([*draft.tokens[:n_accept], id_next]):

@@ -36,7 +36,7 @@ import numpy as np
 from localspec.core.backend import Model, shared_prefix
 from localspec.core.config import SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
-from localspec.core.drafters.model import DraftBatch
+from localspec.core.drafters.model import DraftBatch, DraftPhase
 from localspec.core.engine import Round, Token
 from localspec.core.events import StopReason
 from localspec.core.tuning import PREFILL_RESERVE
@@ -279,9 +279,9 @@ class Scheduler:
         entries: list[tuple[int, list[int], int]] = []
         owners: list[_Active] = []
         proposed = [a for a in decoding if self._guard(a, a.state.propose, k_cap if speculate else 0)]
-        self._draft_phase()
-        for a in proposed:
-            toks = self._guard(a, a.state.batch)
+        phase = self._draft_phase()
+        for a in proposed:  # a slot drafted for waited for the whole drafting phase
+            toks = self._guard(a, a.state.batch, phase.seconds if a.state.seq in phase.seqs else 0.0)
             if toks:
                 entries.append((a.state.seq, toks, len(toks)))
                 owners.append(a)
@@ -298,12 +298,14 @@ class Scheduler:
         self._retire()
         self._speculate()  # load may have dropped: /metrics shows the rule's state now
 
-    def _draft_phase(self) -> None:
+    def _draft_phase(self) -> DraftPhase:
         """Every slot's draft-model draft this step, in one pass of batched decodes."""
-        if self.drafts is not None:
-            n_decodes, n_rows, seconds = self.drafts.run()
-            if n_decodes:
-                self.metrics.draft_decodes(n_decodes, n_rows, seconds)
+        if self.drafts is None:
+            return DraftPhase(0, 0, 0.0, frozenset())
+        phase = self.drafts.run()
+        if phase.decodes:
+            self.metrics.draft_decodes(phase.decodes, phase.rows, phase.seconds)
+        return phase
 
     def _decode(self, entries: list[tuple[int, list[int], int]], owners: list[_Active],
                 speculate: bool) -> None:

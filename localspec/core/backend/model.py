@@ -27,7 +27,7 @@ from localspec.core.backend.ggml import (
     set_verbose,
 )
 from localspec.core.backend.placement import LoadInfo, placement
-from localspec.core.backend.prefix import PrefixCache
+from localspec.core.backend.prefix import PrefixReuse
 from localspec.core.config import ModelConfig
 from localspec.core.errors import BackendError, ContextFull
 from localspec.core.tuning import N_BATCH
@@ -48,7 +48,7 @@ class Detokenizer:
         return self.decoder.decode(b"", final=True)
 
 
-class Model(PrefixCache, Owned):
+class Model(PrefixReuse, Owned):
     """One GGUF with its own context (KV cache) for sequence 0 (or n_seq_max sequences).
 
     `cached` mirrors what sequence 0's KV cache holds, so a new prompt that shares a

@@ -19,7 +19,7 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return first if differ[first] else n
 
 
-class PrefixCache:
+class PrefixReuse:
     """Prefix reuse for anything that keeps a record per KV sequence (`seq_tokens(seq)`;
     sequence 0's is `cached`) and has `rewind(n_past, force, seq=)` and
     `decode(tokens, "last")`: Model, and the tests' fake model, so the engine tests run

@@ -26,7 +26,8 @@ import numpy as np
 
 from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
 from localspec.core.drafters.costs import Choice, CostModel, best_k, grid_sizes
-from localspec.core.drafters.memory import MemoryDrafter
+from localspec.core.drafters.memory import MemoryDraft, MemoryDrafter
+from localspec.core.drafters.ngram import NgramDraft, NgramSource
 from localspec.core.drafters.runs import RunModel
 from localspec.core.tuning import (
     ACCEPT_DECAY,
@@ -157,7 +158,7 @@ class AutoDrafter(DrafterBase):
 
     name = "auto"
 
-    def __init__(self, ngram: Drafter, model: Drafter | None, profile: Profile | None,
+    def __init__(self, ngram: NgramSource, model: Drafter | None, profile: Profile | None,
                  k_max: int = AUTO_DRAFT_MAX, learn_costs: bool = True,
                  store: Callable[[dict[int, tuple[float, int]], float], None] | None = None,
                  memory: MemoryDrafter | None = None) -> None:
@@ -215,11 +216,11 @@ class AutoDrafter(DrafterBase):
         self._last = plan
         self._trying = bool(plan.k) and not self.cost.settled(plan.k + 1)
         if plan.source == "ngram":
-            return Draft(tokens=found.tokens[:plan.k], source="ngram", match_len=found.match_len,
-                         run_len=found.run_len)
+            return NgramDraft(tokens=found.tokens[:plan.k], source="ngram", match_len=found.match_len,
+                              run_len=found.run_len)
         if plan.source == "memory":
-            return Draft(tokens=recalled.tokens[:plan.k], source="memory", match_len=recalled.match_len,
-                         support=recalled.support[:plan.k])
+            return MemoryDraft(tokens=recalled.tokens[:plan.k], source="memory",
+                               match_len=recalled.match_len, support=recalled.support[:plan.k])
         if plan.source == "model":
             d = self.model.draft(context, plan.k)
             d.source = "model"

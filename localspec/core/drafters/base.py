@@ -17,10 +17,6 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: np.ndarray | None = None
     source: str = "none"  # which drafter produced it (hybrid reports ngram or model)
-    match_len: int = 0  # n-gram drafts: length of the matched suffix
-    batch_s: float = 0.0  # time of the batched draft decodes shared with other sequences (serve)
-    run_len: int = 0  # n-gram drafts: tokens before the draft that agree with its source
-    support: list[int] = field(default_factory=list)  # memory drafts: occurrences agreeing on each token
 
 
 class Drafter(Protocol):
@@ -68,8 +64,6 @@ def finished(drafter: Drafter, tokens: Sequence[int]) -> None:
 
 class DrafterBase:
     """No-op feedback hooks for drafters that do not learn, and no grammar."""
-
-    copying = False  # n-gram drafters: whether a text to copy was given (see NgramDrafter)
 
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
         pass

@@ -15,6 +15,7 @@ its output joins the Memory (`finished`), unless the memory is read-only for it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,6 +34,14 @@ from localspec.core.tuning import (
 )
 
 N_BINS = len(MEMORY_LEN_EDGES) * len(MEMORY_COUNT_EDGES)
+
+
+@dataclass
+class MemoryDraft(Draft):
+    """A draft recalled from earlier outputs, with the evidence auto's policy weighs."""
+
+    match_len: int = 0  # length of the matched suffix
+    support: list[int] = field(default_factory=list)  # occurrences agreeing on each token
 
 
 def _prior() -> np.ndarray:
@@ -196,24 +205,24 @@ class MemoryDrafter(DrafterBase):
         elif n < len(context):
             self.ctx.extend(context[n:])
 
-    def draft(self, context: Sequence[int], k: int) -> Draft:
+    def draft(self, context: Sequence[int], k: int) -> MemoryDraft:
         self._sync(context)
         self.model.settle(context)
         if k <= 0:
-            return Draft(source=self.name)
+            return MemoryDraft(source=self.name)
         sources = [*(self.memory.indexes() if self.memory is not None else ()), self.ctx]
         n, found = longest_match(sources, context)
         if not n:
-            return Draft(source=self.name)
+            return MemoryDraft(source=self.name)
         rows = [ix.following(pos, k) for ix, pos in zip(sources, found) if len(pos)]
         tokens, support = most_frequent(np.concatenate(rows) if len(rows) > 1 else rows[0], k, MEMORY_MIN_SHARE)
         if not tokens:
-            return Draft(source=self.name)
-        draft = Draft(tokens=tokens, source=self.name, match_len=n, support=support)
+            return MemoryDraft(source=self.name)
+        draft = MemoryDraft(tokens=tokens, source=self.name, match_len=n, support=support)
         self.model.offer(len(context), tokens, MemoryModel.bins(n, support))
         return draft
 
-    def rates(self, draft: Draft) -> np.ndarray:
+    def rates(self, draft: MemoryDraft) -> np.ndarray:
         """Acceptance of each of the draft's tokens, given the ones before."""
         return self.model.rates(MemoryModel.bins(draft.match_len, draft.support))
 

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -187,13 +188,13 @@ class DraftBatch:
         self.model = model
         self.pending: list[_Request] = []
 
-    def run(self) -> tuple[int, int, float]:
-        """Fill every pending draft; returns (decodes, sequence-rows, seconds). A failed draft
-        decode leaves the drafts empty (plain decoding this round: nothing is lost) and
-        the draft cells as recorded (the backend drops what a failed decode wrote)."""
+    def run(self) -> DraftPhase:
+        """Fill every pending draft. A failed draft decode leaves the drafts empty (plain
+        decoding this round: nothing is lost) and the draft cells as recorded (the
+        backend drops what a failed decode wrote)."""
         reqs, self.pending = self.pending, []
         if not reqs:
-            return 0, 0, 0.0
+            return DraftPhase(0, 0, 0.0, frozenset())
         t0 = time.perf_counter()
         done = (0, 0)
         try:
@@ -202,7 +203,14 @@ class DraftBatch:
             log.warning("batched draft decode failed (%s); these rounds decode plainly", exc)
             for r in reqs:
                 r.draft.tokens, r.draft.probs = [], None
-        dt = time.perf_counter() - t0
-        for r in reqs:
-            r.draft.batch_s = dt  # each slot waited for the whole batched draft
-        return *done, dt
+        return DraftPhase(*done, time.perf_counter() - t0, frozenset(r.seq for r in reqs))
+
+
+class DraftPhase(NamedTuple):
+    """What one drafting phase did: batched decodes, sequence-rows in them, its time, and
+    the sequences drafted for (each of them waited for the whole phase)."""
+
+    decodes: int
+    rows: int
+    seconds: float
+    seqs: frozenset[int]

@@ -5,10 +5,30 @@ incrementally so a round costs O(ngram_max), not O(context)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from localspec.core.drafters.base import Draft, DrafterBase
 
 RUN_CAP = 1024  # how far back a match is extended to measure the run it continues
+
+
+@dataclass
+class NgramDraft(Draft):
+    """A prompt-lookup draft, with where its copy stands (what auto's policy weighs)."""
+
+    match_len: int = 0  # length of the matched suffix
+    run_len: int = 0  # tokens before the draft that agree with its source
+
+
+class NgramSource(Protocol):
+    """What auto's policy needs of its n-gram drafter (NgramDrafter, or a test's stand-in)."""
+
+    copying: bool  # whether a text to copy was given
+
+    def begin(self, prompt: Sequence[int]) -> None: ...
+
+    def draft(self, context: Sequence[int], k: int) -> NgramDraft: ...
 
 
 class _Index:
@@ -64,10 +84,10 @@ class NgramDrafter(DrafterBase):
         else:
             self.ctx.extend(context[n:])
 
-    def draft(self, context: Sequence[int], k: int) -> Draft:
+    def draft(self, context: Sequence[int], k: int) -> NgramDraft:
         self._sync(context)
         if k <= 0:
-            return Draft(source=self.name)
+            return NgramDraft(source=self.name)
         for n in reversed(self.sizes):
             if n > len(context):
                 continue
@@ -77,9 +97,9 @@ class NgramDrafter(DrafterBase):
                 if start is not None:
                     tokens = index.tokens[start : start + k]
                     if tokens:
-                        return Draft(tokens=list(tokens), source=self.name, match_len=n,
-                                     run_len=_run_len(index.tokens, start, context, n))
-        return Draft(source=self.name)
+                        return NgramDraft(tokens=list(tokens), source=self.name, match_len=n,
+                                          run_len=_run_len(index.tokens, start, context, n))
+        return NgramDraft(source=self.name)
 
 
 def _run_len(source: Sequence[int], start: int, context: Sequence[int], n: int) -> int:
