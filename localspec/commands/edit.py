@@ -201,7 +201,7 @@ class Session:
             with ctrl_c.catching():
                 rt = open_runtime(self.opts, want_draft=self.spec.mode.uses_draft_model)
             with rt:
-                if self.spec.mode == "auto":
+                if self.spec.mode.uses_memory:
                     from localspec.memory_store import open_memory
 
                     self._recall = open_memory(rt.target, enabled=self.memory.enabled, lookup=self.memory.lookup,

@@ -330,7 +330,7 @@ class Generation:
         """The final event: stats (with the drafter's report) and any held-back text."""
         self.stats.decode_s = time.perf_counter() - self.t_first if self.t_first else 0.0
         self.stats.policy = self.drafter.report()
-        if self.stats.stop_reason != "cancelled":  # a memory keeps whole replies only
+        if self.stats.stop_reason != StopReason.CANCELLED:  # a memory keeps whole replies only
             finished(self.drafter, self.tokens)
         self.drafter.end()
         return Done(self.stats, self.out.tail())
