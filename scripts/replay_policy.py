@@ -116,6 +116,10 @@ def main() -> int:
                     "`tune` profile), gpu (1 + 0.02 n) or a file from `vcurve`")
     ap.add_argument("--profile", help="a profile JSON from `localspec tune` (default: this "
                     "machine's for the default pair)")
+    ap.add_argument("--tuned-curve", help="the curve `tune` measured, which informs auto's "
+                    "profile (default: the true curve). The same machine's curve at a "
+                    "shorter context (amx_xeon_2core.json against its 600ctx file) replays "
+                    "a tuned run against the untuned fresh and second ones")
     ap.add_argument("--c", type=float, default=None, help="draft model cost ratio (default: the profile's)")
     ap.add_argument("--no-model", dest="model", action="store_false",
                     help="replay without the draft model (as `localspec edit` runs by default)")
@@ -140,6 +144,7 @@ def main() -> int:
     profile = load(args) if args.curve == "profile" or args.c is None else None
     c = args.c if args.c is not None else (profile.c or 0.5)
     v = true_curve(args.curve, max([*args.k_max, *FIXED_K]) + 2, profile)
+    args.tuned_v = true_curve(args.tuned_curve, len(v), None) if args.tuned_curve else None
     print("V(n): " + ", ".join(f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 16, 32, 64, 128, 256)
                                 if n <= len(v)) + f"; c = {c:.2f}")
     rows = []

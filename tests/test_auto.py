@@ -468,6 +468,26 @@ def test_cost_model_finds_measured_dips_between_grid_sizes():
     assert all(n <= 64 for n in CostModel(_jagged(0.2), 256).dips())
 
 
+def test_a_profile_from_a_shorter_context_makes_no_dips():
+    """tune times V(n) on a short context; an edit verifies after 1,500 tokens, where
+    the larger sizes cost relatively more. This run's measured GRID sizes then lie above
+    the profile's shape, and the profile's own sizes scaled between them fell below
+    every chord: each was taken for a cheap point and tried in turn (replay of a tuned
+    edit on the AMX curves: 1.97x against 2.12x untuned). Only a dip in one source
+    counts; a real one in the profile still does."""
+    smooth = Profile(key="k", target="t", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                     t_token_s=0.1, vcurve=[1.0 + 0.1 * (n - 1) for n in range(1, 65)],
+                     prefill_tok_s=100.0)
+    for profile, dips in ((smooth, []), (_jagged(0.2), [36])):
+        cost = CostModel(profile, 64)
+        for _ in range(3):  # the one-token time and a size drafted often, as the profile says
+            cost.observe_verify(1, 0.1)
+            cost.observe_verify(16, 0.1 * profile.v(16))
+        for n in (24, 32, 40, 48, 56, 64):  # each verified once, 15-40% dearer than profiled
+            cost.observe_verify(n, 0.1 * profile.v(n) * (1.0 + n / 160))
+        assert cost.dips() == dips
+
+
 @pytest.mark.parametrize("dip", [0.2, 0.0])
 def test_auto_drafts_to_a_dip_of_the_curve(dip):
     """A long right copy on a steep curve: with a cheap point at 36 tokens auto verifies

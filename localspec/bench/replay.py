@@ -170,7 +170,9 @@ def replay_trace(tr: dict, v: list[float], c: float, args) -> dict[str, float]:
         out["bound"] = plain / oracle(tr, ng(), v, max(args.k_max))
         out["perfect"] = plain / oracle(tr, None, v, max(args.k_max), perfect=True)
     for k in args.k_max:
-        informed = [replay(tr, AutoDrafter(ng(), model(), tuned(v, c), k_max=k), v, c, k, False,
+        # the profile tune measured: of the true curve, or of another (--tuned-curve)
+        profile = tuned(getattr(args, "tuned_v", None) or v, c)
+        informed = [replay(tr, AutoDrafter(ng(), model(), profile, k_max=k), v, c, k, False,
                            args.noise, s) for s in seeds]
         runs = [fresh_then_stored(tr, ng, model, v, c, k, args.noise, s) for s in seeds]
         out[f"auto {k}"] = plain / statistics.mean(informed)

@@ -217,8 +217,16 @@ class CostModel:
                                              np.maximum(np.minimum(v, vb * np.sqrt(n / below)), 1.0)))
         upper = np.where(settled, v, np.where(known, JAG * v,
                                               np.maximum(np.minimum(n, JAG * vb * n / below), v)))
+        # a dip must be one in a single source: the stored curve against its own chord
+        # (tune's or earlier runs' measurements), or sizes this run verified STEADY times.
+        # Judged on the mix, a stored shape scaled to this run's dearer sizes falls below
+        # every chord they end (a profile timed at a short context, an edit verifying
+        # after 1,500 tokens) and each size between them is tried in turn
         chord = np.interp(np.arange(self.n_max + 1), self._grid, v[self._grid])
-        dip = settled & (v < (1.0 - DIP) * chord)
+        prior = np.array([1.0, *self.prior])
+        stored = (self.prior_level == 2) & (
+            prior < (1.0 - DIP) * np.interp(np.arange(self.n_max + 1), self._grid, prior[self._grid]))
+        dip = settled & (v < (1.0 - DIP) * chord) & (stored | (rounds >= STEADY))
         dip[self._grid] = dip[:2] = False
         return CostTables(v, hope, upper, known, settled, [int(m) for m in np.flatnonzero(dip)])
 
