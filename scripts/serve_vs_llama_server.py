@@ -155,7 +155,7 @@ def main() -> None:
 
     cs = [int(x) for x in args.clients.split(",")]
     slots = args.parallel or max(cs)
-    model = models.resolve(args.model, role="target").path
+    model = Path(models.resolve(args.model, role="target"))
     n_ctx = 4096 * slots
     log_dir = Path(tempfile.mkdtemp(prefix="serve-vs-"))
     servers = []
