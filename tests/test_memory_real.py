@@ -14,6 +14,7 @@ from localspec.core.drafters.memory import Memory, MemoryDrafter
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.runtime import chat_prompt
+from localspec.models.profile import Profile
 
 N = 64
 
@@ -62,7 +63,13 @@ def test_auto_drafts_a_repeated_reply_from_memory_and_equals_plain(smol, earlier
     prompt, plain, margins = earlier
     memory = Memory()
     memory.add(plain)  # the same question was answered before
-    auto = AutoDrafter(NgramDrafter(1, 4), None, None, k_max=16, memory=MemoryDrafter(memory))
+    # the costs are given, not timed: whether drafting pays must not hang on this machine's
+    # load while the test runs (V(n) = 1 + 0.3 (n - 1): a long right draft pays on any curve)
+    curve = [1.0 + 0.3 * (n - 1) for n in range(1, 65)]
+    profile = Profile(key="k", target="t", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                      t_token_s=0.1, vcurve=curve, prefill_tok_s=100.0)
+    auto = AutoDrafter(NgramDrafter(1, 4), None, profile, k_max=16, learn_costs=False,
+                       memory=MemoryDrafter(memory))
     ids, stats = _spec(smol, prompt, auto, mode="auto")
     assert_same_greedy(plain, margins, ids)
     used = {k: v for k, v in stats.policy.items() if k.startswith("memory:")}
