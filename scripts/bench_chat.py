@@ -33,7 +33,7 @@ from localspec.core.config import (
     SamplingConfig,
     SpecConfig,
 )
-from localspec.core.runtime import Runtime
+from localspec.runtime import Runtime
 
 PROMPT = "Write a Python module with five small functions for string utilities, with docstrings."
 

@@ -24,7 +24,7 @@ from localspec.core.config import (
     SpecConfig,
 )
 from localspec.core.engine import collect, generate
-from localspec.core.runtime import chat_prompt, make_drafter
+from localspec.runtime import chat_prompt, make_drafter
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_FILE = HERE.parent / "localspec" / "workloads" / "edit" / "inventory.py"

@@ -40,7 +40,7 @@ from localspec.core.config import (
 from localspec.core.drafters.base import DrafterBase
 from localspec.core.drafters.ngram import NgramDraft
 from localspec.core.engine import AdaptiveK, Round, Token
-from localspec.core.runtime import make_drafter
+from localspec.runtime import make_drafter
 from localspec.edit import (
     EDIT_SPEC_DEFAULTS,
     build_prompt,

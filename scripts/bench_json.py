@@ -31,9 +31,9 @@ from localspec.core.config import (
     SpecConfig,
 )
 from localspec.core.drafters import NgramDrafter, NoDrafter
-from localspec.core.drafters.model import ModelDrafter
+from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
-from localspec.core.runtime import chat_prompt, make_drafter
+from localspec.runtime import chat_prompt, make_drafter
 
 ORDER = {"type": "object", "required": ["order_id", "customer", "items", "total", "paid"], "properties": {
     "order_id": {"type": "string"}, "customer": {"type": "object", "required": ["name", "email"],

@@ -29,7 +29,7 @@ from localspec.core.config import (
     SpecConfig,
 )
 from localspec.core.engine import collect, generate
-from localspec.core.runtime import make_drafter
+from localspec.runtime import make_drafter
 
 MODES = ("none", "ngram", "auto")
 GREEDY = SamplingConfig(temperature=0.0)

@@ -22,7 +22,7 @@ from localspec.core.config import (
     SamplingConfig,
     SpecConfig,
 )
-from localspec.core.runtime import open_runtime
+from localspec.runtime import open_runtime
 from localspec.serve.jobs import Failed, Finished, Job
 from localspec.serve.scheduler import Scheduler, SchedulerConfig
 

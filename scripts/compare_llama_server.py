@@ -61,10 +61,10 @@ from localspec.bench.workers import free_port
 from localspec.commands.edit import configs_for
 from localspec.core import backend
 from localspec.core.config import GenerationConfig
-from localspec.core.runtime import make_drafter, open_runtime
+from localspec.runtime import make_drafter, open_runtime
 from localspec.edit import rewrite
 from localspec.models import paths
-from localspec.models.prefix_store import PrefixStore, warm_prefix
+from localspec.prefix_store import PrefixStore, warm_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_FILES = {"edit": (ROOT / "localspec" / "workloads" / "edit" / "tasks.jsonl", wl.WORKLOADS_DIR),

@@ -40,7 +40,7 @@ import numpy as np
 
 from localspec.bench.replay import FIXED_K, replay_trace, true_curve
 from localspec.core.config import ModelConfig, SpecConfig
-from localspec.models.profile import Profile
+from localspec.profile import Profile
 
 
 def record(path: str, target: str, draft: str, prompts: str | None = None,
@@ -52,7 +52,7 @@ def record(path: str, target: str, draft: str, prompts: str | None = None,
     from localspec.bench.runner import NoProgress, Settings, Variant, run_engine
     from localspec.bench.workloads import builtin, load_jsonl, name_workloads, prepare
     from localspec.core.backend import Model, default_threads
-    from localspec.core.runtime import Runtime
+    from localspec.runtime import Runtime
 
     t = Model(ModelConfig(str(models.resolve(target)), n_ctx=4096, n_threads=default_threads()))
     d = Model(ModelConfig(str(models.resolve(draft, role="draft")), n_ctx=4096, n_threads=default_threads()))
@@ -162,7 +162,7 @@ def load(args) -> Profile:
             return Profile(**json.load(f))
     from localspec import models
     from localspec.core.backend import Model, default_threads
-    from localspec.core.runtime import find_profile
+    from localspec.runtime import find_profile
 
     threads = default_threads()  # as `localspec tune` measures by default
     t = Model(ModelConfig(str(models.resolve(args.model)), n_ctx=64, n_threads=threads))

@@ -14,7 +14,7 @@ from localspec.core.drafters.costs import extend
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.ngram import NgramDraft, NgramDrafter
 from localspec.core.engine import collect, generate
-from localspec.models.profile import Profile, merge_online, vcurve_sizes
+from localspec.profile import Profile, merge_online, vcurve_sizes
 
 
 def _profile(v_per_token: float, c: float | None = None) -> Profile:

@@ -13,7 +13,7 @@ from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.costs import CostModel
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.drafters.runs import COPY_PRIOR, PRIOR, RunModel
-from localspec.models.profile import Profile
+from localspec.profile import Profile
 
 
 def _profile(v: list[float]) -> Profile:

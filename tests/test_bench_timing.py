@@ -16,7 +16,7 @@ from localspec.bench import workloads as wl
 from localspec.bench.runner import Settings, Variant, run_workload
 from localspec.cli import cli
 from localspec.core.config import SpecConfig
-from localspec.core.runtime import Runtime
+from localspec.runtime import Runtime
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "localspec" / "workloads" / "edit"
 

@@ -17,7 +17,7 @@ from localspec.chat.session import Conversation
 from localspec.chat.streaming import BlockSplitter, Coalescer
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.errors import ContextFull
-from localspec.core.runtime import Runtime
+from localspec.runtime import Runtime
 
 GREEDY = SamplingConfig(temperature=0.0)
 

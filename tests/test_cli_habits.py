@@ -130,7 +130,7 @@ def test_a_first_word_naming_a_model_is_an_error(smol_path, captured):
 
 
 def test_ctx_size_zero_is_the_models_own_context(smol_path):
-    from localspec.core.runtime import with_model_context
+    from localspec.runtime import with_model_context
 
     trained = read_info(smol_path).context_length
     assert trained >= 2048

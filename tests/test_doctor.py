@@ -24,7 +24,7 @@ from localspec.commands.doctor import (
 from localspec.commands.options import load_options, model_options
 from localspec.core.backend import supports_gpu_offload
 from localspec.core.backend.ggml import offload_compiled
-from localspec.core.runtime import open_runtime
+from localspec.runtime import open_runtime
 
 LOCALSPEC = shutil.which("localspec")
 CPU_BUILD = not supports_gpu_offload()
@@ -133,7 +133,7 @@ def test_doctor_missing_model_is_a_usage_error():
 
 def test_runtime_does_not_depend_on_the_command_line():
     # data flows commands -> runtime: the runtime (LoadOptions included) imports no click
-    code = ("import sys, localspec.core.runtime; "
+    code = ("import sys, localspec.runtime; "
             "print([m for m in sys.modules if m == 'click' or m.startswith('localspec.commands')])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr

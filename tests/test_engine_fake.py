@@ -22,7 +22,7 @@ import localspec.core.engine as engine_mod
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import Draft, NgramDrafter, NoDrafter
 from localspec.core.drafters.base import DrafterBase
-from localspec.core.drafters.model import ModelDrafter
+from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import Done, Round, StopMatcher, Token, collect, generate
 from localspec.core.errors import ContextFull
 from localspec.core.sampling import sample

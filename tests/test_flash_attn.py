@@ -10,8 +10,8 @@ import pytest
 
 from localspec.core.backend import Model
 from localspec.core.config import LoadOptions, ModelConfig
-from localspec.core.runtime import open_runtime, setup_of
-from localspec.models.profile import Profile, save_profile
+from localspec.runtime import open_runtime, setup_of
+from localspec.profile import Profile, save_profile
 
 
 def _opts(path: str, flash_attn: str = "auto") -> LoadOptions:

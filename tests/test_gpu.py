@@ -18,9 +18,9 @@ from localspec.core.config import (
     SpecConfig,
 )
 from localspec.core.drafters import HybridDrafter, NgramDrafter, NoDrafter
-from localspec.core.drafters.model import ModelDrafter
+from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
-from localspec.core.runtime import chat_prompt
+from localspec.runtime import chat_prompt
 
 pytestmark = [
     pytest.mark.gpu,

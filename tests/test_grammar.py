@@ -33,10 +33,10 @@ from localspec.core.backend import JSON_GBNF, Grammar, json_schema_grammar
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.constrain import top_allowed
 from localspec.core.drafters import NgramDrafter, NoDrafter
-from localspec.core.drafters.model import ModelDrafter
+from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import GrammarError
-from localspec.core.runtime import chat_prompt
+from localspec.runtime import chat_prompt
 
 GREEDY = SamplingConfig(temperature=0.0)
 PERSON = {"type": "object", "required": ["name", "age", "hobbies"], "properties": {

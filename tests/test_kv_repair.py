@@ -10,12 +10,12 @@ import pytest
 from test_real_models import GREEDY, assert_same_greedy, plain_greedy
 
 from localspec.core.backend import Model
-from localspec.core.backend import model as backend_model
+from localspec.core.backend import llama_model as backend_model
 from localspec.core.config import GenerationConfig, ModelConfig, SpecConfig
-from localspec.core.drafters.model import ModelDrafter
+from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import ContextFull
-from localspec.core.runtime import chat_prompt
+from localspec.runtime import chat_prompt
 
 
 def _interrupt_decode(monkeypatch, ctx, nth: int) -> dict:

@@ -15,7 +15,7 @@ from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.drafters.suffix import SuffixIndex, longest_match, most_frequent
 from localspec.core.engine import collect, generate
-from localspec.models.profile import Profile
+from localspec.profile import Profile
 
 
 def _draft(memory: Memory | None, context, k=16) -> list[int]:

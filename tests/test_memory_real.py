@@ -13,8 +13,8 @@ from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.memory import Memory, MemoryDrafter
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import collect, generate
-from localspec.core.runtime import chat_prompt
-from localspec.models.profile import Profile
+from localspec.runtime import chat_prompt
+from localspec.profile import Profile
 
 N = 64
 

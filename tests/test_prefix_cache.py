@@ -17,7 +17,7 @@ from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters import NoDrafter
 from localspec.core.engine import collect, generate
 from localspec.edit import build_prompt_parts, split_lines, split_region
-from localspec.models.prefix_store import MAGIC, PrefixStore, warm_prefix
+from localspec.prefix_store import MAGIC, PrefixStore, warm_prefix
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "localspec" / "workloads" / "edit"
 TEXT = "".join(split_lines((WORKLOADS / "inventory.py").read_text())[:12])  # ~160 tokens with the prompt

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 from localspec.core.backend import Model
 from localspec.core.config import ModelConfig
-from localspec.core.runtime import setup_of
+from localspec.runtime import setup_of
 from localspec.models import paths
-from localspec.models.profile import (
+from localspec.profile import (
     Profile,
     load_profile,
     merge_online,
@@ -20,7 +20,7 @@ from localspec.models.profile import (
     store_online,
     store_online_later,
 )
-from localspec.models import profile as profile_module
+from localspec import profile as profile_module
 
 
 def _tuned(key: str) -> Profile:

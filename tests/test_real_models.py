@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from localspec.core.backend import Model, has_amx
-from localspec.core.backend import model as backend_model
+from localspec.core.backend import llama_model as backend_model
 from localspec.core.config import (
     GenerationConfig,
     ModelConfig,
@@ -25,10 +25,10 @@ from localspec.core.config import (
     SpecConfig,
 )
 from localspec.core.drafters import NgramDrafter, NoDrafter
-from localspec.core.drafters.model import ModelDrafter
+from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import IncompatibleModels
-from localspec.core.runtime import chat_prompt
+from localspec.runtime import chat_prompt
 
 NEAR_TIE = 0.5
 GREEDY = SamplingConfig(temperature=0.0)

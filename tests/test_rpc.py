@@ -31,7 +31,7 @@ from localspec.core.backend import Model, ggml
 from localspec.core.config import GenerationConfig, ModelConfig, SpecConfig
 from localspec.core.drafters import NgramDrafter
 from localspec.core.engine import collect, generate
-from localspec.core.runtime import model_config
+from localspec.runtime import model_config
 
 REQUIRED = os.environ.get("LOCALSPEC_REQUIRE_RPC") == "1"
 needs_rpc = pytest.mark.skipif(

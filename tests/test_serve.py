@@ -372,7 +372,7 @@ def test_serve_draft_model_modes_need_a_draft(smol_path):
 
 
 def test_threshold_from_vcurve_follows_the_cost_curve():
-    from localspec.serve.policy import threshold_from_vcurve
+    from localspec.serve.defaults import threshold_from_vcurve
 
     flat = [1.0] * 32  # GPU-like: verifying n tokens costs one decode
     assert threshold_from_vcurve(flat) == 6  # pays at every batch size the curve covers

@@ -29,14 +29,14 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from localspec.acceptance import logdb
 from localspec.core.backend import Model
-from localspec.core.backend import model as backend_model
+from localspec.core.backend import llama_model as backend_model
 from localspec.core.config import ModelConfig, SamplingConfig, SpecConfig
-from localspec.core.drafters.model import DraftBatch, ModelDrafter
+from localspec.core.drafters.draft_model import DraftBatch, ModelDrafter
 from localspec.core.errors import BackendError
-from localspec.core.runtime import chat_prompt, setup_of
-from localspec.models.profile import Profile, save_profile
+from localspec.runtime import chat_prompt, setup_of
+from localspec.profile import Profile, save_profile
 from localspec.serve.app import ServeSettings
-from localspec.serve.policy import threshold_from_vcurve
+from localspec.serve.defaults import threshold_from_vcurve
 
 SLOTS = 4
 PROMPTS = [

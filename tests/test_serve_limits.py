@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from localspec.core.config import SpecConfig
-from localspec.models.profile import Profile
-from localspec.serve.policy import (
+from localspec.profile import Profile
+from localspec.serve.defaults import (
     DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE,
     BatchLimits,
     crossover_limit,

@@ -12,7 +12,7 @@ from test_cli import cli
 
 from localspec.commands.tune import _policy_lines, ceiling
 from localspec.models import paths
-from localspec.models.profile import Profile, Setup, load_profile, save_profile
+from localspec.profile import Profile, Setup, load_profile, save_profile
 
 
 def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):
@@ -83,7 +83,7 @@ def test_a_pair_falls_back_to_the_targets_own_profile():
 
 
 def test_the_auto_drafter_loads_no_model_code():
-    code = ("import sys, localspec.core.drafters.auto, localspec.models.profile; "
+    code = ("import sys, localspec.core.drafters.auto, localspec.profile; "
             "print([m for m in ('llama_cpp', 'localspec.core.backend') if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localspec.models.profile import N_MAX, Profile, Setup, vcurve_sizes
+from localspec.profile import N_MAX, Profile, Setup, vcurve_sizes
 
 if TYPE_CHECKING:
     from localspec.core.backend import Model
@@ -117,7 +117,7 @@ def measure_batch_limits(target: Model, contexts: tuple[int, ...] = BATCH_CONTEX
     yields at BATCH_ALPHA. Returns ({"context": limit}, the timings for the report)."""
     from localspec.core.backend import Model as _Model
     from localspec.bench.vcurve import expected_tokens
-    from localspec.serve.policy import crossover_limit
+    from localspec.serve.defaults import crossover_limit
 
     n_seq = max(sizes)
     fits = [c for c in contexts if c + BATCH_K + 2 < target.n_ctx_seq] or [min(contexts)]

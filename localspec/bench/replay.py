@@ -18,7 +18,7 @@ from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import AdaptiveK
-from localspec.models.profile import Profile, merge_online
+from localspec.profile import Profile, merge_online
 
 # the fixed k auto is judged against, adaptive and fixed (15 fixed: edit's old default)
 FIXED_K = (4, 8, 15, 16, 32, 64, 128, 256)

@@ -30,13 +30,13 @@ from localspec.bench.workloads import Prepared, Workload, prepare
 from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig, SpecMode
 from localspec.core.engine import Token, Transcript, generate
 from localspec.core.events import StopReason
-from localspec.core.runtime import Runtime, log_run, make_drafter
+from localspec.runtime import Runtime, log_run, make_drafter
 from localspec.edit import EDIT_SPEC_DEFAULTS, FenceStop
 
 if TYPE_CHECKING:
     from localspec.bench.peer import LlamaCppPythonPeer
     from localspec.core.backend import Model
-    from localspec.models.prefix_store import PrefixStore
+    from localspec.prefix_store import PrefixStore
 
 __all__ = ["NEAR_TIE", "Result", "Run", "Settings", "Variant", "Verdict", "compare",
            "run_engine", "run_peer", "run_workload"]
@@ -81,7 +81,7 @@ def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload
                settings: Settings, progress: Progress, cache: PrefixStore | None = None) -> Run:
     """One localspec generation; logged to the acceptance log as command "bench". With a
     `cache`, an edit task's prefix is restored from it (timed, as the first token's)."""
-    from localspec.models.prefix_store import warm_prefix
+    from localspec.prefix_store import warm_prefix
 
     spec = variant.spec or SpecConfig(mode=SpecMode.NONE)
     if workload.is_edit and spec.mode.uses_ngram:
@@ -207,7 +207,7 @@ def run_workload(rt: Runtime, workload: Workload, variants: Sequence[Variant], s
 
 def _primed_cache(target: Model, prep: Prepared) -> PrefixStore:
     """The prefix cache, holding this task's prefix (stored now, untimed, when absent)."""
-    from localspec.models.prefix_store import PrefixStore, warm_prefix
+    from localspec.prefix_store import PrefixStore, warm_prefix
 
     cache = PrefixStore()
     target.rewind(0)

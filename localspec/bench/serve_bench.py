@@ -30,7 +30,7 @@ from typing import Any
 
 import click
 
-from localspec.serve.policy import BatchLimits
+from localspec.serve.defaults import BatchLimits
 from localspec.core.config import (
     GenerationConfig,
     LoadOptions,
@@ -90,8 +90,8 @@ def run_serve_bench(
     the threshold rule (n-gram drafting, greedy). Loads its own copy of the target with
     max(concurrency) sequences. Returns a JSON-ready dict: runs, crossover, rule check."""
     from localspec.bench import workloads as wl
-    from localspec.core.runtime import find_profile, open_runtime
-    from localspec.serve.policy import default_n_ctx, spec_threshold
+    from localspec.runtime import find_profile, open_runtime
+    from localspec.serve.defaults import default_n_ctx, spec_threshold
 
     say = progress or (lambda line: None)
     spec = spec or SpecConfig(mode="ngram", draft_max=16)

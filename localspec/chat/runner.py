@@ -18,7 +18,7 @@ from localspec.core.drafters import Drafter
 from localspec.core.backend import Model
 from localspec.core.engine import Done, Event, GenerationStats, Round, Token, generate
 from localspec.core.events import StopReason, Transcript
-from localspec.core.runtime import Runtime, log_run, make_drafter
+from localspec.runtime import Runtime, log_run, make_drafter
 
 
 @dataclass(frozen=True)

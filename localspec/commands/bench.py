@@ -146,7 +146,7 @@ def _sessions(ctx: click.Context, names: str, n_requests: int, n_predict: int, a
     """`bench --sessions`: the session benchmark (bench/sessions.py), no draft model."""
     from localspec.bench import sessions as sb
     from localspec.commands.doctor import system_report
-    from localspec.core.runtime import open_runtime
+    from localspec.runtime import open_runtime
 
     known = {s.name: s for s in sb.builtin_sessions()}
     wanted = list(known) if names.strip() == "all" else _words(names)
@@ -211,7 +211,7 @@ def _run(opts: Any, items: list, variants: list, settings: Any, vcurve_max: int,
     from localspec.bench.report import BenchProgress
     from localspec.bench.runner import run_workload
     from localspec.bench.vcurve import measure_vcurve
-    from localspec.core.runtime import open_runtime
+    from localspec.runtime import open_runtime
 
     with open_runtime(opts, want_draft=any(v.uses_draft for v in variants)) as rt:
         meta = _meta(rt, settings, variants, peer)

@@ -53,7 +53,7 @@ def chat(ctx: click.Context, system: str | None, session_file: Path | None, plai
     """
     from localspec.chat.runner import ChatRunner
     from localspec.chat.session import Conversation
-    from localspec.core.runtime import open_runtime
+    from localspec.runtime import open_runtime
 
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
     tty = sys.stdin.isatty() and sys.stdout.isatty() and not plain

@@ -39,7 +39,7 @@ try:  # a missing or broken llama-cpp-python is what doctor is asked about, not 
         system_info,
     )
     from localspec.core.compat import check_pair
-    from localspec.core.runtime import load_model
+    from localspec.runtime import load_model
 
     BACKEND_ERROR: BackendError | None = None
 except BackendError as exc:

@@ -190,8 +190,8 @@ class Session:
     def run(self, jobs: list[Job]) -> int:
         """Edit each job in turn; the exit status (1 when one ended without an answer,
         130 when interrupted: then the file being edited is left as it was)."""
-        from localspec.core.runtime import open_runtime
-        from localspec.models.prefix_store import PrefixStore
+        from localspec.runtime import open_runtime
+        from localspec.prefix_store import PrefixStore
 
         cache = PrefixStore() if self.prefix_cache else None
         failed = 0
@@ -247,8 +247,8 @@ class Session:
     def _edit_one(self, rt, job: Job, prompt: list[int], n_prefix: int, file_tokens: list[int],
                   ctrl_c: CtrlC, cache) -> bool:
         from localspec.commands.progress import EditProgress, summary_line
-        from localspec.core.runtime import log_run, make_drafter
-        from localspec.models.prefix_store import restore_prefix, store_prefix, warm_prefix
+        from localspec.runtime import log_run, make_drafter
+        from localspec.prefix_store import restore_prefix, store_prefix, warm_prefix
 
         name = job.source.name
         drafter = make_drafter(self.spec, self.sampling, rt.draft, file_tokens, target=rt.target,

@@ -33,7 +33,7 @@ from localspec.serve.connections import (
     ConnectionLimits,
     uvicorn_config,
 )
-from localspec.serve.policy import (
+from localspec.serve.defaults import (
     DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE,
     MAX_MESSAGES,
     default_n_ctx,
@@ -130,7 +130,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
     plain decoding (without a draft model it means ngram here).
     """
     # the engine, llama.cpp among it, loads here: `serve --help` needs none of it
-    from localspec.core.runtime import find_profile, open_runtime
+    from localspec.runtime import find_profile, open_runtime
     from localspec.serve.admission import Drain
     from localspec.serve.app import ServeSettings, create_app, model_id_for
     from localspec.serve.scheduler import Scheduler, SchedulerConfig

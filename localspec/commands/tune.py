@@ -15,7 +15,7 @@ from localspec.bench.calibrate import BATCH_CONTEXTS, calibrate
 from localspec.commands.options import load_options, model_options
 from localspec.core.drafters.auto import CostModel, best_k
 from localspec.core.errors import LocalspecError
-from localspec.models.profile import N_MAX, Profile, save_profile, vcurve_sizes
+from localspec.profile import N_MAX, Profile, save_profile, vcurve_sizes
 
 
 def _policy_lines(p: Profile) -> list[str]:
@@ -59,7 +59,7 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
 
     The profile is keyed by model files, device, threads and GPU layers.
     """
-    from localspec.core.runtime import open_runtime, setup_of  # loads llama.cpp: not for --help
+    from localspec.runtime import open_runtime, setup_of  # loads llama.cpp: not for --help
 
     opts = load_options(kw, ctx.obj["verbose"] if ctx.obj else False)
     if opts.draft is None:

@@ -82,7 +82,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class LoadOptions:
     """Which target (and draft) to load and how: the shared command-line options
-    (commands/options.py builds it; core/runtime.py loads from it). Model names are
+    (commands/options.py builds it; runtime.py loads from it). Model names are
     paths, manifest names or org/repo[:file.gguf]; None: the manifest's default."""
 
     model: str | None

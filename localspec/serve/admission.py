@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from starlette.requests import Request
 
-from localspec.serve.policy import MAX_MESSAGES  # noqa: F401  (re-exported: app's default)
+from localspec.serve.defaults import MAX_MESSAGES  # noqa: F401  (re-exported: app's default)
 from localspec.serve.protocol import ApiError, bad_request
 
 if TYPE_CHECKING:

@@ -36,14 +36,14 @@ import numpy as np
 from localspec.core.backend import Model, shared_prefix
 from localspec.core.config import SamplingConfig, SpecConfig
 from localspec.core.drafters.base import Drafter
-from localspec.core.drafters.model import DraftBatch, DraftPhase
+from localspec.core.drafters.draft_model import DraftBatch, DraftPhase
 from localspec.core.engine import Round, Token
 from localspec.core.events import StopReason
 from localspec.core.tuning import PREFILL_RESERVE
-from localspec.core.runtime import make_drafter
+from localspec.runtime import make_drafter
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.metrics import Metrics
-from localspec.serve.policy import BatchLimits
+from localspec.serve.defaults import BatchLimits
 from localspec.serve.sequence import SeqState
 
 log = logging.getLogger("localspec.serve")

@@ -38,7 +38,7 @@ from localspec.core.backend.grammar import (
     check_grammar,
     json_schema_grammar,
 )
-from localspec.core.backend.model import Detokenizer, Model
+from localspec.core.backend.llama_model import Detokenizer, Model
 from localspec.core.backend.placement import LoadInfo
 from localspec.core.backend.prefix import PrefixReuse, shared_prefix
 

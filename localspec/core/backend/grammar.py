@@ -15,7 +15,7 @@ import numpy as np
 from localspec.core.backend.gbnf_check import check_gbnf
 from localspec.core.backend.ggml import Owned, _ll, captured
 from localspec.core.backend.schema_check import check_schema_bounds
-from localspec.core.backend.model import Model
+from localspec.core.backend.llama_model import Model
 from localspec.core.errors import GrammarError
 
 _lg = _ll.llama_grammar  # llama-cpp-python's GBNF rules and JSON-schema converter

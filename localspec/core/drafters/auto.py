@@ -47,7 +47,7 @@ from localspec.core.tuning import (
     PROBE_K,
     TRY_BUDGET,
 )
-from localspec.models.profile import Profile
+from localspec.profile import Profile
 
 __all__ = ["AcceptModel", "AutoDrafter", "Choice", "CostModel", "Plan", "best_k", "expected_tokens"]
 

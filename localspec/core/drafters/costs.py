@@ -34,7 +34,7 @@ from localspec.core.tuning import (
     STEADY,
     WINDOW,
 )
-from localspec.models.profile import Profile
+from localspec.profile import Profile
 
 
 class Choice(NamedTuple):

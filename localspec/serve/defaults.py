@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from localspec.models.profile import Profile
+    from localspec.profile import Profile
 
 # Speculation stays on while at most this many sequences are active when no profile
 # exists: on a CPU, n-gram speculation pays for a request alone and decoded slower with

@@ -7,7 +7,7 @@ and GPU layers), so a profile measured on one setup is never applied to another.
 
 Pure data and files: no model is loaded here (the `auto` drafter imports this module).
 The measurements are in localspec/bench/calibrate.py (`localspec tune`); the setup of
-loaded models comes from core/runtime.py (`setup_of`).
+loaded models comes from runtime.py (`setup_of`).
 """
 
 from __future__ import annotations

@@ -18,12 +18,12 @@ from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, Spec
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
-from localspec.core.drafters.model import DraftBatch, ModelDrafter
+from localspec.core.drafters.draft_model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
 from localspec.core.events import GenerationStats
 from localspec.models.drafts import draft_candidates
 from localspec.models.gguf_info import GGUFError, read_info
-from localspec.models.profile import Profile, Setup, load_profile, model_id, store_online_later
+from localspec.profile import Profile, Setup, load_profile, model_id, store_online_later
 
 AUTO_DRAFT_TRIES = 3  # loads at most this many header-compatible drafts before giving up
 
