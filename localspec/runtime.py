@@ -12,7 +12,6 @@ from pathlib import Path
 from localspec import models
 from localspec.acceptance import logdb
 from localspec.core.backend import Model, supports_gpu_offload
-from localspec.core.chat_template import render_chat
 from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig, SpecMode
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
@@ -224,11 +223,3 @@ def log_run(command: str, stats: GenerationStats | None, target: Model, draft: M
         enabled=enabled,
     )
 
-
-def chat_prompt(model: Model, user: str, system: str | None = None) -> list[int]:
-    """Tokens for one user message under the model's own chat template (the prompt
-    llama-server renders with --jinja)."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": user}
-    ]
-    return model.tokenize(render_chat(model, messages), add_special=True, parse_special=True)

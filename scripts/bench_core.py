@@ -24,7 +24,8 @@ from localspec.core.config import (
     SpecConfig,
 )
 from localspec.core.engine import collect, generate
-from localspec.runtime import chat_prompt, make_drafter
+from localspec.core.chat_template import chat_prompt
+from localspec.runtime import make_drafter
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_FILE = HERE.parent / "localspec" / "workloads" / "edit" / "inventory.py"

@@ -33,7 +33,8 @@ from localspec.core.config import (
 from localspec.core.drafters import NgramDrafter, NoDrafter
 from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
-from localspec.runtime import chat_prompt, make_drafter
+from localspec.core.chat_template import chat_prompt
+from localspec.runtime import make_drafter
 
 ORDER = {"type": "object", "required": ["order_id", "customer", "items", "total", "paid"], "properties": {
     "order_id": {"type": "string"}, "customer": {"type": "object", "required": ["name", "email"],

@@ -34,7 +34,8 @@ from compare_llama_server import Server, Setting, find_server, server_commit  # 
 from localspec.bench import sessions as sb  # noqa: E402
 from localspec.commands.doctor import system_report  # noqa: E402
 from localspec.core.config import LoadOptions  # noqa: E402
-from localspec.runtime import chat_prompt, open_runtime  # noqa: E402
+from localspec.core.chat_template import chat_prompt
+from localspec.runtime import open_runtime  # noqa: E402
 
 
 def complete(server: Server, tokens: list[int], n_predict: int) -> dict:

@@ -398,11 +398,11 @@ def test_costs_unmeasured_sizes_get_a_worst_case_and_a_hope():
 
 
 def test_run_model_long_runs_are_trusted_and_broken_ones_are_not():
-    from localspec.core.drafters.runs import RunModel
+    from localspec.core.drafters.copy_age import CopyAge
 
-    def learn(run_len: int, n_runs: int) -> RunModel:
+    def learn(run_len: int, n_runs: int) -> CopyAge:
         """Runs that copy `run_len` tokens, then break, as an edit's changes would."""
-        runs, context, rng = RunModel(), [0], random.Random(3)
+        runs, context, rng = CopyAge(), [0], random.Random(3)
         runs.reset(1)
         for _ in range(n_runs):
             source = [rng.randrange(10**6) for _ in range(run_len + 40)]
@@ -422,9 +422,9 @@ def test_run_model_long_runs_are_trusted_and_broken_ones_are_not():
 
 
 def test_run_model_follows_a_run_once_however_often_it_is_offered():
-    from localspec.core.drafters.runs import RunModel
+    from localspec.core.drafters.copy_age import CopyAge
 
-    runs = RunModel()
+    runs = CopyAge()
     runs.reset(0)
     source = list(range(100, 200))
     context: list[int] = []

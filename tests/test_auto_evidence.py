@@ -12,7 +12,7 @@ from localspec.core.drafters.auto import AcceptModel, AutoDrafter, Plan, SpentSh
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.costs import CostModel
 from localspec.core.drafters.ngram import NgramDrafter
-from localspec.core.drafters.runs import COPY_PRIOR, PRIOR, RunModel
+from localspec.core.drafters.copy_age import COPY_PRIOR, PRIOR, CopyAge
 from localspec.profile import Profile
 
 
@@ -43,7 +43,7 @@ def test_a_draft_that_stops_where_planned_is_not_counted_as_stopped():
 
 
 def test_a_copy_source_starts_from_the_copy_prior():
-    runs = RunModel()
+    runs = CopyAge()
     runs.reset(10)
     plain = runs.rates(3, 30)
     runs.reset(10, copying=True)

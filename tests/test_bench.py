@@ -23,7 +23,8 @@ from localspec.bench.runner import (
 from localspec.bench.vcurve import expected_tokens, measure_vcurve
 from localspec.cli import cli
 from localspec.core.config import SpecConfig
-from localspec.runtime import Runtime, chat_prompt
+from localspec.core.chat_template import chat_prompt
+from localspec.runtime import Runtime
 
 PROMPT = {"prompt": "List the days of the week, one per line.", "tag": "prose"}
 # One thread: with more threads than idle cores, llama.cpp's spinning thread barrier

@@ -26,7 +26,7 @@ from localspec.core.chat_template import (
     render_chat,
     special_tokens,
 )
-from localspec.runtime import chat_prompt
+from localspec.core.chat_template import chat_prompt
 
 DATA = json.loads((Path(__file__).parent / "data" / "chat_templates.json").read_text())
 GEMMA2 = DATA["templates"]["file:google-gemma-2-2b-it"]["source"]  # no system role, roles alternate

@@ -20,7 +20,7 @@ from localspec.core.config import (
 from localspec.core.drafters import HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
-from localspec.runtime import chat_prompt
+from localspec.core.chat_template import chat_prompt
 
 pytestmark = [
     pytest.mark.gpu,

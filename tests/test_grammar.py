@@ -36,7 +36,7 @@ from localspec.core.drafters import NgramDrafter, NoDrafter
 from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import GrammarError
-from localspec.runtime import chat_prompt
+from localspec.core.chat_template import chat_prompt
 
 GREEDY = SamplingConfig(temperature=0.0)
 PERSON = {"type": "object", "required": ["name", "age", "hobbies"], "properties": {

@@ -15,7 +15,7 @@ from localspec.core.config import GenerationConfig, ModelConfig, SpecConfig
 from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import ContextFull
-from localspec.runtime import chat_prompt
+from localspec.core.chat_template import chat_prompt
 
 
 def _interrupt_decode(monkeypatch, ctx, nth: int) -> dict:

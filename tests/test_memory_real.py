@@ -13,7 +13,7 @@ from localspec.core.drafters.auto import AutoDrafter
 from localspec.core.drafters.memory import Memory, MemoryDrafter
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import collect, generate
-from localspec.runtime import chat_prompt
+from localspec.core.chat_template import chat_prompt
 from localspec.profile import Profile
 
 N = 64

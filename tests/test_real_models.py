@@ -28,7 +28,7 @@ from localspec.core.drafters import NgramDrafter, NoDrafter
 from localspec.core.drafters.draft_model import ModelDrafter
 from localspec.core.engine import collect, generate
 from localspec.core.errors import IncompatibleModels
-from localspec.runtime import chat_prompt
+from localspec.core.chat_template import chat_prompt
 
 NEAR_TIE = 0.5
 GREEDY = SamplingConfig(temperature=0.0)

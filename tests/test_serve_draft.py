@@ -33,7 +33,8 @@ from localspec.core.backend import llama_model as backend_model
 from localspec.core.config import ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.draft_model import DraftBatch, ModelDrafter
 from localspec.core.errors import BackendError
-from localspec.runtime import chat_prompt, setup_of
+from localspec.core.chat_template import chat_prompt
+from localspec.runtime import setup_of
 from localspec.profile import Profile, save_profile
 from localspec.serve.app import ServeSettings
 from localspec.serve.defaults import threshold_from_vcurve

@@ -21,7 +21,7 @@ from localspec.core.config import ModelConfig, SpecConfig  # noqa: E402
 from localspec.core.limits import LineLimits  # noqa: E402
 from localspec.serve import protocol  # noqa: E402
 from localspec.serve.app import ServeSettings  # noqa: E402
-from localspec.serve.tools import chat_prompt  # noqa: E402
+from localspec.serve.tools import request_prompt  # noqa: E402
 
 N = 24
 
@@ -264,9 +264,9 @@ class _Template:
 
 def test_chat_template_kwargs_reach_the_template(smol):
     body = {"messages": [{"role": "user", "content": "q"}], "chat_template_kwargs": {"enable_thinking": False}}
-    assert chat_prompt(_Template(smol), protocol.parse_chat(body))[0] == "plain:q"
+    assert request_prompt(_Template(smol), protocol.parse_chat(body))[0] == "plain:q"
     body.pop("chat_template_kwargs")  # llama-server's default: enable_thinking true
-    assert chat_prompt(_Template(smol), protocol.parse_chat(body))[0] == "thinking:q"
+    assert request_prompt(_Template(smol), protocol.parse_chat(body))[0] == "thinking:q"
 
 
 def test_infill_prompt_is_llama_servers_layout(qwen_draft):

@@ -19,7 +19,7 @@ from localspec.bench import soak
 from localspec.core.backend import Model
 from localspec.core.config import ModelConfig, SpecConfig
 from localspec.serve.protocol import parse_chat
-from localspec.serve.tools import chat_prompt
+from localspec.serve.tools import request_prompt
 
 SLOTS = 4
 
@@ -62,5 +62,5 @@ def test_soak_16_clients_on_4_slots_lose_nothing(model):
 
 def _prompt_tokens(model: Model, spec) -> list[int]:
     """The request's prompt as the server tokenizes it (chat: the model's template)."""
-    text = chat_prompt(model, parse_chat(spec.body(False)))[0] if spec.kind == "chat" else spec.prompt
+    text = request_prompt(model, parse_chat(spec.body(False)))[0] if spec.kind == "chat" else spec.prompt
     return model.tokenize(text, add_special=True, parse_special=True)

@@ -109,7 +109,8 @@ def run_sessions(rt, sessions: Sequence[Session], n_requests: int, n_predict: in
     from localspec.core.drafters.memory import Memory
     from localspec.core.engine import collect, generate
     from localspec.bench.runner import compare
-    from localspec.runtime import chat_prompt, make_drafter
+    from localspec.core.chat_template import chat_prompt
+    from localspec.runtime import make_drafter
 
     target = rt.target
     auto = SpecConfig(mode="auto", draft_max=draft_max, adaptive=False)

@@ -164,7 +164,7 @@ def prepare(w: Workload, target: Model, n_predict: int, edit_n: int = 0) -> Prep
     """Tokens and a token limit for `target`. Edit tasks get `edit_n` tokens, or when
     that is 0 enough for the whole file: 1.5x its tokens + 64."""
     from localspec import edit
-    from localspec.runtime import chat_prompt
+    from localspec.core.chat_template import chat_prompt
 
     if not w.is_edit:
         return Prepared(chat_prompt(target, w.prompt), n_predict)

@@ -142,7 +142,8 @@ def run_generation(
     """Load, generate, stream to stdout. Ctrl-C stops and keeps what was printed."""
     # imported here: they load llama.cpp, which `localspec run --help` must not need
     from localspec.core.engine import generate
-    from localspec.runtime import chat_prompt, log_run, make_drafter, open_runtime
+    from localspec.core.chat_template import chat_prompt
+    from localspec.runtime import log_run, make_drafter, open_runtime
     from localspec.memory_store import open_memory
 
     with open_runtime(opts, want_draft=spec.mode.uses_draft_model) as rt:

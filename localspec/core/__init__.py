@@ -13,5 +13,7 @@ or HTTP.
                   round for every request in one batched decode
     events.py     what a generation yields: Token, Round, Done(GenerationStats)
     compat.py     can this draft model speculate for that target?
-    runtime.py    load target (+ draft), check the pair, build the drafter
+    chat_template.py  the GGUF's own chat template (render_chat, chat_prompt)
+(Loading models for a command is localspec/runtime.py's: it reads models/ and the
+profile, and says what it chose on stderr.)
 """

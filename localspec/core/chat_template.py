@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jinja2
 
@@ -38,6 +38,9 @@ from localspec.core.template_sandbox import (
     environment,
     output,
 )
+
+if TYPE_CHECKING:
+    from localspec.core.backend import Model
 
 log = logging.getLogger("localspec.chat_template")
 
@@ -383,3 +386,12 @@ def _plain(messages: Sequence[Mapping]) -> bool:
     """Messages the built-in renderer can show: system/user/assistant text only."""
     return all(isinstance(m, Mapping) and m.get("role") in ("system", "user", "assistant")
                and isinstance(m.get("content"), str) and not m.get("tool_calls") for m in messages)
+
+
+def chat_prompt(model: Model, user: str, system: str | None = None) -> list[int]:
+    """Tokens for one user message under the model's own chat template (the prompt
+    llama-server renders with --jinja)."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}
+    ]
+    return model.tokenize(render_chat(model, messages), add_special=True, parse_special=True)

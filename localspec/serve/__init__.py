@@ -23,7 +23,7 @@
     reply.py      one request's answer, whole or streamed: tool calls, logprobs
     logprobs.py   per-token logprobs in OpenAI's chat and legacy completions shapes
     metrics.py    counters and gauges, exposed through prometheus_client
-    policy.py     serving defaults: per-slot context, when speculation turns off under load
+    defaults.py   serving defaults: per-slot context, when speculation turns off under load
 
 The click command is localspec/commands/serve.py.
 """

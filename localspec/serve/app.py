@@ -42,7 +42,7 @@ from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavail
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
 from localspec.serve.scheduler import Scheduler
-from localspec.serve.tools import ToolPlan, chat_prompt
+from localspec.serve.tools import ToolPlan, request_prompt
 
 log = logging.getLogger("localspec.serve")
 _GONE = object()  # put on a request's queue when its client disconnects
@@ -285,7 +285,7 @@ class _Api:
         t = self.target
         plan = None
         if req.kind == "chat":
-            text, plan = chat_prompt(t, req)
+            text, plan = request_prompt(t, req)
             tokens = t.tokenize(text, add_special=True, parse_special=True)
         elif isinstance(req.prompt, str):
             text = req.prompt

@@ -37,7 +37,7 @@ from localspec.serve.llamacpp_schema import (
     TokenizeBody,
 )
 from localspec.serve.protocol import ApiError
-from localspec.serve.tools import chat_prompt
+from localspec.serve.tools import request_prompt
 
 # /infill's prefix and suffix windows are parts of llama-server's batch (-b, 2048 by
 # default; here at most half a slot's context, so that the extra chunks keep room)
@@ -151,7 +151,7 @@ class Native:
             self.api._auth(request)
             body = protocol.parse_json(await admission.read_body(request, self.api.settings.max_body_bytes))
             req = protocol.parse_chat(body)
-            text, _ = await asyncio.to_thread(chat_prompt, self.api.target, req)
+            text, _ = await asyncio.to_thread(request_prompt, self.api.target, req)
         except ApiError as e:
             return _error(e)
         return JSONResponse({"prompt": text})

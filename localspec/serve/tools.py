@@ -47,7 +47,7 @@ def uses_tools(req: GenRequest) -> bool:
     return bool(req.tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in req.messages)
 
 
-def chat_prompt(model: Model, req: GenRequest) -> tuple[str, ToolPlan | None]:
+def request_prompt(model: Model, req: GenRequest) -> tuple[str, ToolPlan | None]:
     """The prompt text of a chat request, and its ToolPlan (None when no calls are to
     be read). A template that cannot render the request, or does not show tools to the
     model while the request has some, is a 400."""

@@ -7,7 +7,7 @@ re-exported here.
                   no ggml_backend_* function); Owned, the close()/with/collect base
     placement.py  where a model's layers go (-ngl, --rpc workers, --tensor-split); LoadInfo
     prefix.py     PrefixReuse: prefix reuse over a KV record (Model's and the fake model's)
-    model.py      Model: load a GGUF, tokenize, chat template, decode batches, rewind, KV
+    llama_model.py  Model: load a GGUF, tokenize, chat template, decode batches, rewind, KV
                   sequences, sequence state as bytes; Detokenizer
     grammar.py    llama.cpp's grammar sampler as a Grammar (allows/allowed/mask/accept/clone)
                   and JSON schema -> GBNF (jsonschema checks, llama-cpp-python's converter)

@@ -1,6 +1,6 @@
 """llama.cpp's runtime below the model: the library handle and its log, system and CPU
 facts (AMX), ggml devices, and the ggml RPC backend (what llama-cpp-python does not bind;
-model.py loads and runs models).
+llama_model.py loads and runs models).
 
 llama-cpp-python 0.3.36 binds no ggml_backend_* function: they are read through
 libllama's handle (dlsym on it also finds the ggml libraries it links). The RPC entry

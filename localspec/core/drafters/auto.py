@@ -5,7 +5,7 @@ maximise expected tokens per unit of time; k = 0, plain decoding, when nothing p
   C(k) = V(k + 1) + k c                   its cost in one-token decode times (c: a draft token's)
   take   argmax_k E(k) / C(k), where it beats plain decoding's 1 / V(1) by MARGIN
 
-A round (`AutoDrafter.draft`): runs.py scores earlier n-gram candidates against what the
+A round (`AutoDrafter.draft`): copy_age.py scores earlier n-gram candidates against what the
 target produced; each source's best k is chosen (`choose`) over costs.GRID's verify sizes
 and the measured curve's dips; the best source drafts, or a probe of a written-off draft
 model when one is due (`_plan`). After the verify (`observe`): its time goes to costs.py,
@@ -28,7 +28,7 @@ from localspec.core.drafters.base import Draft, Drafter, DrafterBase, constrain
 from localspec.core.drafters.costs import Choice, CostModel, best_k, grid_sizes
 from localspec.core.drafters.memory import MemoryDraft, MemoryDrafter
 from localspec.core.drafters.ngram import NgramDraft, NgramSource
-from localspec.core.drafters.runs import RunModel
+from localspec.core.drafters.copy_age import CopyAge
 from localspec.core.tuning import (
     ACCEPT_DECAY,
     ACCEPT_SMOOTH,
@@ -168,7 +168,7 @@ class AutoDrafter(DrafterBase):
         self.k_max = k_max
         self.cost = CostModel(profile, k_max, learn=learn_costs)
         self.sizes = grid_sizes(k_max + 1)
-        self.runs = RunModel()
+        self.runs = CopyAge()
         self.model_acc = AcceptModel(MODEL_PRIOR, k_max)
         self.model_spent = SpentShare()
         self._model_pays: bool | None = None  # the profile's verdict, when it has one
@@ -345,7 +345,7 @@ class AutoDrafter(DrafterBase):
             full = n_accept == n_draft
             self._explore_every = (max(EXPLORE_MIN, self._explore_every // 2) if full
                                    else min(EXPLORE_EVERY, 2 * self._explore_every))
-        if plan.source == "model" and n_draft:  # n-gram acceptance is learned in hindsight (runs.py)
+        if plan.source == "model" and n_draft:  # n-gram acceptance is learned in hindsight (copy_age.py)
             self.model_acc.observe(n_draft, n_accept, plan.k)
             c = self.cost.c()
             self.model_spent.observe(plan.k, (self.cost.v(n_draft + 1) + n_draft * c)

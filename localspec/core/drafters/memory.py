@@ -7,7 +7,7 @@ dropped first), plus static corpora that are never dropped. `MemoryDrafter` draf
 a Memory and from the generation's own context, and says how sure it is: each drafted
 token carries the length of the match it continues and how many earlier occurrences
 agreed on it. `MemoryModel` turns those into acceptance rates, learned in hindsight from
-every candidate (drafted or not) as runs.py does for n-grams, so `auto` weighs a memory
+every candidate (drafted or not) as copy_age.py does for n-grams, so `auto` weighs a memory
 draft like any other; its counts are kept in the profile. At the end of a generation
 its output joins the Memory (`finished`), unless the memory is read-only for it.
 """

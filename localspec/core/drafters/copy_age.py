@@ -62,7 +62,7 @@ class _Track:
         self.bin = -1  # the last age bin it has counted in
 
 
-class RunModel:
+class CopyAge:
     """Acceptance by run age, learned in hindsight from every n-gram candidate."""
 
     def __init__(self) -> None:
