@@ -140,7 +140,9 @@ def test_output_elsewhere_keeps_the_input(tmp_path, smol_path):
 
 
 def test_ctrl_c_writes_nothing(tmp_path, smol_path):
-    p = tmp_path / "inventory.py"
+    work = tmp_path / "work"  # the file's own directory (LOCALSPEC_HOME is tmp_path/home)
+    work.mkdir()
+    p = work / "inventory.py"
     # a copy takes SmolLM2 many seconds. Ctrl-C lands in the prefill (about 700 tokens),
     # which llama.cpp finishes first: a longer file only makes the test wait longer
     original = (WORKLOADS / "inventory.py").read_bytes()
@@ -156,7 +158,11 @@ def test_ctrl_c_writes_nothing(tmp_path, smol_path):
     assert proc.returncode == 130, err.decode()[-2000:]
     assert b"Traceback" not in err
     assert p.read_bytes() == original
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["inventory.py"]
+    assert sorted(x.name for x in work.iterdir()) == ["inventory.py"]  # no temp file, no backup
+    # the prefix cache may hold the prompt's KV by then (stored after the prefill, whole):
+    # a cache, not the user's data, but never a half-written file
+    home = tmp_path / "home"
+    assert not [f for f in home.rglob("*") if f.is_file() and not f.name.endswith((".kv", ".db", ".db-wal", ".db-shm", ".json"))]
 
 
 def _prefill(stderr: str) -> tuple[int, int]:
