@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, TypeVar
 from starlette.requests import Request
 
 from localspec.serve.defaults import MAX_MESSAGES  # noqa: F401  (re-exported: app's default)
+from localspec.serve.jobs import Job, QueueFull, Unavailable
 from localspec.serve.protocol import ApiError, bad_request
 
 if TYPE_CHECKING:
@@ -124,6 +125,16 @@ def queue_full(detail: str, snapshot: dict, metrics: Metrics) -> Refused:
 def unavailable(detail: str) -> Refused:
     return Refused(503, f"The server is unavailable: {detail}.", retry_after=5, type="server_error",
                    code="server_shutting_down" if "shutting down" in detail else "server_unavailable")
+
+
+def submit(scheduler: Scheduler, job: Job, metrics: Metrics) -> None:
+    """Queue `job`: a full queue is a 429 with Retry-After, a stopping scheduler a 503."""
+    try:
+        scheduler.submit(job)
+    except QueueFull as exc:
+        raise queue_full(str(exc), scheduler.snapshot(), metrics) from None
+    except Unavailable as exc:
+        raise unavailable(str(exc)) from None
 
 
 class Drain:

@@ -38,7 +38,7 @@ from localspec.core.drafters.memory import Memory
 from localspec.core.errors import GrammarError
 from localspec.core.tuning import MEMORY_MAX_TOKENS as MEMORY_TOKENS
 from localspec.serve import admission, guard, protocol
-from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
+from localspec.serve.jobs import Failed, Finished, Job, Text
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
 from localspec.serve.scheduler import Scheduler
@@ -215,12 +215,7 @@ class _Api:
             job = Job(prep.prompt, self._sampling(req), prep.gen,
                       sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), extra=prep.extra,
                       memory=self._memory(who) if req.memory else None)
-            try:
-                self.scheduler.submit(job)
-            except QueueFull as exc:
-                raise admission.queue_full(str(exc), self.scheduler.snapshot(), self.metrics_) from None
-            except Unavailable as exc:
-                raise admission.unavailable(str(exc)) from None
+            admission.submit(self.scheduler, job, self.metrics_)
         except ApiError as e:
             self.metrics_.request(kind, str(e.status))
             return _error(e)

@@ -28,7 +28,7 @@ from localspec.core.events import GenerationStats, StopReason
 from localspec.serve import admission, protocol
 from localspec.serve.app import _GONE, KEEP_ALIVE, _Api, _error, _EventStream, _watch_disconnect
 from localspec.serve.infill import infill_prompt, mixed
-from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
+from localspec.serve.jobs import Failed, Finished, Job, Text
 from localspec.serve.llamacpp_schema import (
     CompletionNative,
     DetokenizeBody,
@@ -240,12 +240,7 @@ class Native:
                                    t_max_predict_ms=b.t_max_predict_ms)
             job = Job(tokens, self._sampling(b), gen,
                       sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
-            try:
-                api.scheduler.submit(job)
-            except QueueFull as exc:
-                raise admission.queue_full(str(exc), api.scheduler.snapshot(), api.metrics_) from None
-            except Unavailable as exc:
-                raise admission.unavailable(str(exc)) from None
+            admission.submit(api.scheduler, job, api.metrics_)
         except ApiError as e:
             api.metrics_.request(kind, str(e.status))
             return _error(e)
