@@ -92,6 +92,25 @@ def test_capabilities_of_the_gguf_templates(smol, qwen_draft):
     qwen, smollm = compiled(qwen_draft.chat_template(), special_tokens(qwen_draft)), compiled(smol.chat_template())
     assert qwen.caps.tools and qwen.caps.object_arguments and qwen.caps.system_role
     assert not smollm.caps.tools and not smollm.caps.object_arguments and smollm.caps.system_role
+    # GET /props' chat_template_caps as llama-server (vendored build, --jinja) reports them
+    assert qwen.caps.to_llama() == {
+        "supports_object_arguments": True, "supports_parallel_tool_calls": True, "supports_preserve_reasoning": False,
+        "supports_reasoning_effort": False, "supports_string_content": True, "supports_system_role": True,
+        "supports_tool_calls": True, "supports_tools": True, "supports_typed_content": False}
+    assert smollm.caps.to_llama() == {
+        "supports_object_arguments": False, "supports_parallel_tool_calls": False, "supports_preserve_reasoning": False,
+        "supports_reasoning_effort": False, "supports_string_content": True, "supports_system_role": True,
+        "supports_tool_calls": False, "supports_tools": False, "supports_typed_content": False}
+
+
+def test_probes_see_typed_content_reasoning_and_a_single_tool_call():
+    source = ("{% for m in messages %}{% if m.content is string %}{{ m.content }}"
+              "{% else %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}"
+              "{{ m.reasoning_content or '' }}{% for c in (m.tool_calls or [])[:1] %}{{ c.function.name }}{% endfor %}"
+              "{% endfor %}{{ reasoning_effort or '' }}")
+    caps = ChatTemplate(source).caps
+    assert caps.typed_content and caps.string_content and caps.preserve_reasoning and caps.reasoning_effort
+    assert caps.tool_calls and not caps.parallel_tool_calls and not caps.tools
 
 
 def test_template_default_system_prompt_reaches_the_tokens(smol):

@@ -227,6 +227,9 @@ def test_props_slots_and_models(smol_server):
     assert props["default_generation_settings"]["n_ctx"] == 2048
     assert {"chat_template", "bos_token", "eos_token", "build_info", "model_path", "modalities"} <= set(props)
     assert props["infill"] is False
+    assert props["model_ftype"] == "Q4_1" and props["media_marker"].startswith("<__media_")
+    assert props["chat_template_caps"]["supports_system_role"] and not props["chat_template_caps"]["supports_tools"]
+    assert len(props["chat_template_caps"]) == 9 and props["ui"] is False
     slots = httpx.get(smol_server.base + "/slots", trust_env=False).json()
     assert [s["id"] for s in slots] == [0, 1]
     assert all({"n_ctx", "is_processing", "speculative"} <= set(s) for s in slots)

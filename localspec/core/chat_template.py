@@ -73,6 +73,20 @@ class Caps:
     system_role: bool = True
     tools: bool = False  # shows the request's tools to the model
     object_arguments: bool = False  # prints tool-call arguments as a JSON object
+    string_content: bool = True  # shows a message whose content is a string
+    typed_content: bool = False  # shows a message whose content is a list of typed parts
+    tool_calls: bool = False  # shows an assistant turn's tool call
+    parallel_tool_calls: bool = False  # shows both of two calls in one turn
+    preserve_reasoning: bool = False  # shows an earlier assistant turn's reasoning_content
+    reasoning_effort: bool = False  # reads a reasoning_effort variable
+
+    def to_llama(self) -> dict[str, bool]:
+        """The capabilities under llama-server's names (GET /props chat_template_caps)."""
+        return {"supports_string_content": self.string_content, "supports_typed_content": self.typed_content,
+                "supports_tools": self.tools, "supports_tool_calls": self.tool_calls,
+                "supports_parallel_tool_calls": self.parallel_tool_calls,
+                "supports_system_role": self.system_role, "supports_preserve_reasoning": self.preserve_reasoning,
+                "supports_reasoning_effort": self.reasoning_effort, "supports_object_arguments": self.object_arguments}
 
 
 _ENV = environment()
@@ -263,20 +277,36 @@ for _name in ("__getitem__", "get", "items", "keys", "values", "__iter__"):
 
 def _probe(tmpl: ChatTemplate) -> Caps:
     """Render small conversations, as llama.cpp's capability check does: does the
-    template show a system message, the tools, and look inside tool-call arguments?"""
+    template show a system message, string and typed content, the tools, one and two
+    tool calls, earlier reasoning, and look inside tool-call arguments?"""
     system = _try(tmpl, [{"role": "system", "content": _NEEDLE}, _USER])
+    string = _try(tmpl, [{"role": "user", "content": _NEEDLE}])
+    typed = _try(tmpl, [{"role": "user", "content": [{"type": "text", "text": _NEEDLE}]}])
     tool = {"type": "function", "function": {
         "name": "tool_needle", "description": "Tool description",
         "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}, "required": ["arg"]}}}
     listed = _try(tmpl, [_USER], tools=[tool])
     args = _Watched({"arg": "value"})
-    call = {"type": "function", "id": "call00001", "function": {"name": "tool_needle", "arguments": args}}
-    rendered = _try(tmpl, [_USER, {"role": "assistant", "content": "", "tool_calls": [call]},
-                           {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
-                           {"role": "assistant", "content": "The tool response was 'tool response'"}, _USER],
-                    tools=[tool])
+
+    def call(name: str, arguments: Any) -> dict:
+        return {"type": "function", "id": "call00001", "function": {"name": name, "arguments": arguments}}
+
+    def turn(calls: list[dict]) -> list[dict]:
+        return [_USER, {"role": "assistant", "content": "", "tool_calls": calls},
+                {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+                {"role": "assistant", "content": "The tool response was 'tool response'"}, _USER]
+
+    rendered = _try(tmpl, turn([call("tool_needle", args)]), tools=[tool])
+    two = _try(tmpl, turn([call("call_needle_a", {"arg": "value"}), call("call_needle_b", {"arg": "value"})]),
+               tools=[tool])
+    thought = _try(tmpl, [_USER, {"role": "assistant", "content": "Answer", "reasoning_content": "thought_needle"},
+                          _USER])
     return Caps(system_role=_NEEDLE in system, tools="tool_needle" in listed,
-                object_arguments=bool(rendered) and args.seen)
+                object_arguments=bool(rendered) and args.seen,
+                string_content=_NEEDLE in string, typed_content=_NEEDLE in typed,
+                tool_calls="call_needle_a" in two, parallel_tool_calls="call_needle_b" in two,
+                preserve_reasoning="thought_needle" in thought,
+                reasoning_effort="reasoning_effort" in tmpl.source)
 
 
 def _try(tmpl: ChatTemplate, messages: list[dict], **variables: Any) -> str:

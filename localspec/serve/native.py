@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import secrets
 from collections.abc import AsyncIterator, Callable
 
 from pydantic import BaseModel
@@ -23,6 +25,7 @@ from starlette.routing import Route
 
 from localspec import __version__
 from localspec.core.backend import llama_cpp_version
+from localspec.core.chat_template import TemplateError, template_for
 from localspec.core.config import GenerationConfig, SamplingConfig
 from localspec.core.events import GenerationStats, StopReason
 from localspec.serve import admission, protocol
@@ -42,6 +45,21 @@ from localspec.serve.tools import request_prompt
 # /infill's prefix and suffix windows are parts of llama-server's batch (-b, 2048 by
 # default; here at most half a slot's context, so that the extra chunks keep room)
 LLAMA_SERVER_N_BATCH = 2048
+# llama-server's placeholder for an image/audio part in a prompt: random per process,
+# pinned by LLAMA_MEDIA_MARKER (we take no media, but clients read the field).
+_MEDIA_MARKER = os.environ.get("LLAMA_MEDIA_MARKER") or f"<__media_{secrets.token_hex(16)}__>"
+
+
+def _template_caps(model) -> dict[str, bool]:
+    """The chat template's capabilities under llama-server's names (its tool_use variant
+    when the model has one, as llama-server takes the more expressive one); {} when the
+    template does not compile."""
+    try:
+        return template_for(model, tools=True).caps.to_llama()
+    except TemplateError:
+        return {}
+
+
 _STOP_TYPE = {StopReason.EOS: "eos", StopReason.STOP: "word", StopReason.LENGTH: "limit",
               StopReason.CONTEXT: "limit", StopReason.TIME: "limit", StopReason.INDENT: "limit"}
 # localspec's own field: which limit ended it
@@ -169,19 +187,26 @@ class Native:
                   "speculative.n_max": a.scheduler.cfg.spec.draft_max,
                   "speculative.n_min": a.scheduler.cfg.spec.draft_min}
         piece = lambda tok: t.token_piece(tok, special=True).decode("utf-8", "replace") if tok >= 0 else ""
+        caps = await asyncio.to_thread(_template_caps, t)
+        tool_use = t.chat_template("tool_use")
         return JSONResponse({
             "default_generation_settings": {"params": params, "n_ctx": t.n_ctx_seq},
             "total_slots": a.scheduler.cfg.n_slots,
             "model_alias": a.settings.model_id,
+            "model_ftype": t.ftype(),
             "model_path": a.settings.target_path or str(t.path),
             "modalities": {"vision": False, "video": False, "audio": False},
+            "media_marker": _MEDIA_MARKER,
             "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
+            "ui": False, "ui_settings": {},
             "chat_template": t.chat_template() or "",
+            "chat_template_caps": caps,
             "bos_token": piece(t.bos), "eos_token": piece(t.eos),
             "build_info": f"localspec {__version__} (llama-cpp-python {llama_cpp_version()})",
             "is_sleeping": False,
+            "cors_proxy_enabled": False,
             "infill": t.fim_tokens()["mid"] >= 0,
-        })
+        } | ({"chat_template_tool_use": tool_use} if tool_use else {}))
 
     async def slots(self, request: Request) -> Response:
         try:

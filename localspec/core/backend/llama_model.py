@@ -175,6 +175,10 @@ class Model(PrefixReuse, Owned):
         _ll.llama_model_desc(self._model, buf, len(buf))
         return buf.value.decode("utf-8", errors="replace")
 
+    def ftype(self) -> str:
+        """The weights' file type as llama.cpp names it (e.g. "Q4_K - Medium")."""
+        return _ll.llama_ftype_name(_ll.llama_model_ftype(self._model)).decode("utf-8", errors="replace")
+
     def is_eog(self, token: int) -> bool:
         return bool(_ll.llama_vocab_is_eog(self._vocab, token))
 
