@@ -74,6 +74,41 @@ def test_memory_stays_within_its_bound_dropping_the_oldest_first():
     assert len(mem.texts) > 600  # dropped down to MEMORY_KEEP of the bound, not to nothing
 
 
+def _finish(memory: Memory, prompt: list[int], output: list[int]) -> None:
+    d = MemoryDrafter(memory)
+    d.begin(prompt)
+    d.finished(prompt + output)
+
+
+HEAD = list(range(1, 41))  # a system prompt and template every request starts with
+MODULE = list(range(100, 160))  # code given in the first prompt
+
+
+def test_a_later_output_drafts_from_an_earlier_prompt():
+    mem = Memory()
+    _finish(mem, HEAD + [7] + MODULE, [50, 51, 52])
+    later = HEAD + [8, 9]  # another request, whose output goes on to copy the module
+    d = MemoryDrafter(mem)
+    d.begin(later)
+    assert d.draft(later + MODULE[:3], 8).tokens == MODULE[3:11]
+    assert _draft(mem, HEAD + [7] + MODULE) == [50, 51, 52]  # the same request: from its first token
+    _finish(mem, later, [60, 61])
+    assert mem.texts.tokens.tolist().count(HEAD[0]) == 1  # the shared start is not stored again
+    outputs_only = Memory(prompts=False)
+    _finish(outputs_only, HEAD + [7] + MODULE, [50, 51, 52])
+    assert outputs_only.texts.tokens.tolist() == [50, 51, 52, suffix.SEP]
+    assert _draft(outputs_only, later + MODULE[:3]) == []
+
+
+def test_a_remembered_prompt_is_bounded_by_its_end(monkeypatch):
+    from localspec.core.drafters import memory as memory_mod
+
+    monkeypatch.setattr(memory_mod, "MEMORY_PROMPT_MAX", 50)
+    mem = Memory()
+    _finish(mem, list(range(1000, 1200)), [5, 6])
+    assert mem.texts.tokens.tolist() == [*range(1150, 1200), 5, 6, suffix.SEP]
+
+
 def test_memory_model_learns_in_hindsight_by_match_and_support():
     model = MemoryModel()
     good = MemoryModel.bins(8, [5] * 8)
@@ -122,7 +157,7 @@ def test_auto_drafts_from_memory_when_a_request_repeats_an_earlier_one():
     memory = Memory()
     first = _run(model, memory, [1, 2, 3])
     assert first.drafted == 0 or "memory:" not in str(first.policy)  # nothing to recall yet
-    assert len(memory.texts) == 151  # the output (and its separator) joined the memory
+    assert len(memory.texts) == 154  # the prompt, the output and a separator joined the memory
     again = _run(model, memory, [1, 2, 3])
     used = {k: v for k, v in again.policy.items() if k.startswith("memory:")}
     assert used and again.acceptance > 0.9 and again.tokens_per_round > 4, again.policy

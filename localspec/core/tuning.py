@@ -74,6 +74,8 @@ RUN_SMOOTH = 2.0  # pseudo-runs at the prior's acceptance in each bin
 MEMORY_MAX_TOKENS = 1 << 20  # a memory's default bound (texts and separators)
 MEMORY_KEEP = 0.75  # share of the bound kept when the oldest texts are dropped (drops are rare)
 MEMORY_MIN_SHARE = 0.3  # a continuation fewer of the followed occurrences agree on ends the draft
+MEMORY_PROMPT_MAX = 8192  # tokens of a prompt remembered beside its output (its end)
+MEMORY_RECENT_PROMPTS = 8  # earlier prompts a new one is compared with: their shared start is not stored again
 
 MEMORY_LEN_EDGES = (2, 4, 8, 16, 32, 64)  # match length (the matched n-gram plus the draft so far)
 MEMORY_COUNT_EDGES = (1, 2, 3, 5, 9)  # occurrences that continued with the drafted token

@@ -6,21 +6,26 @@ longest match (suffix.py).
 dropped first), plus static corpora that are never dropped. `MemoryDrafter` drafts from
 a Memory and from the generation's own context, and says how sure it is: each drafted
 token carries the length of the match it continues and how many earlier occurrences
-agreed on it. `MemoryModel` turns those into acceptance rates, learned in hindsight from
+agreed on it. A finished generation is remembered with the part of its prompt that is
+new to the memory (`Memory.remember`): a later output often copies an earlier prompt
+(the same module given to 'write tests for F', a tool result restated), and the end of
+the prompt leads into the output, so a repeated request drafts from its first token.
+`MemoryModel` turns those into acceptance rates, learned in hindsight from
 every candidate (drafted or not) as copy_age.py does for n-grams, so `auto` weighs a memory
 draft like any other; its counts are kept in the profile. At the end of a generation
-its output joins the Memory (`finished`), unless the memory is read-only for it.
+its prompt and output join the Memory (`finished`), unless the memory is read-only for it.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from localspec.core.drafters.base import Draft, DrafterBase
-from localspec.core.drafters.suffix import SEP, SuffixIndex, longest_match, most_frequent
+from localspec.core.drafters.suffix import ORDERS, SEP, SuffixIndex, longest_match, most_frequent
 from localspec.core.tuning import (
     MEMORY_COUNT_EDGES,
     MEMORY_DECAY,
@@ -30,6 +35,8 @@ from localspec.core.tuning import (
     MEMORY_MIN_SHARE,
     MEMORY_PRIOR_LEN,
     MEMORY_PRIOR_MISS,
+    MEMORY_PROMPT_MAX,
+    MEMORY_RECENT_PROMPTS,
     MEMORY_SMOOTH,
 )
 
@@ -51,10 +58,14 @@ def _prior() -> np.ndarray:
 
 class Memory:
     """Earlier texts of one user (token ids of one vocabulary), newest kept within
-    `max_tokens`, and static corpora (never dropped)."""
+    `max_tokens`, and static corpora (never dropped). `prompts`: whether a generation's
+    prompt is remembered beside its output (`remember`)."""
 
-    def __init__(self, max_tokens: int = MEMORY_MAX_TOKENS, corpora: Sequence[Sequence[int]] = ()) -> None:
+    def __init__(self, max_tokens: int = MEMORY_MAX_TOKENS, corpora: Sequence[Sequence[int]] = (),
+                 prompts: bool = True) -> None:
         self.max_tokens = max_tokens
+        self.prompts = prompts
+        self.recent: deque[np.ndarray] = deque(maxlen=MEMORY_RECENT_PROMPTS)  # prompts remembered lately
         self.texts = SuffixIndex()
         self.static = SuffixIndex()
         for text in corpora:
@@ -69,6 +80,20 @@ class Memory:
         self.added += 1
         if len(self.texts) > self.max_tokens:
             self._drop_oldest()
+
+    def remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        """Remember a generation as one text: the output, after its prompt from where the
+        prompt stops repeating a recent one (a system prompt, a conversation so far is
+        not stored again), at most MEMORY_PROMPT_MAX tokens of it and at least the last
+        ORDERS[-1] (they lead into the output). Without `prompts`, the output alone."""
+        if not self.prompts:
+            self.add(output)
+            return
+        p = np.asarray(prompt, dtype=np.int32)
+        start = max((_shared_start(p, r) for r in self.recent), default=0)
+        start = max(min(start, len(p) - ORDERS[-1]), len(p) - MEMORY_PROMPT_MAX, 0)
+        self.recent.append(p)
+        self.add([*p[start:].tolist(), *output])
 
     def _drop_oldest(self) -> None:
         """Keep the newest texts within MEMORY_KEEP of the bound (whole texts: cut after a SEP)."""
@@ -86,6 +111,13 @@ class Memory:
 
     def __len__(self) -> int:
         return len(self.texts) + len(self.static)
+
+
+def _shared_start(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 class _Track:
@@ -187,7 +219,7 @@ class MemoryDrafter(DrafterBase):
         self.memory = memory
         self.learn = learn
         self.model = model if model is not None else MemoryModel()
-        self.on_finish = on_finish  # where a finished output goes (default: memory.add)
+        self.on_finish = on_finish  # where a finished output goes (default: memory.remember, with its prompt)
         self.ctx = SuffixIndex()
         self.prompt_len = 0
 
@@ -227,14 +259,14 @@ class MemoryDrafter(DrafterBase):
         return self.model.rates(MemoryModel.bins(draft.match_len, draft.support))
 
     def finished(self, tokens: Sequence[int]) -> None:
-        """The generation ended with context `tokens`: its output joins the memory."""
+        """The generation ended with context `tokens`: its prompt and output join the memory."""
         if not self.learn or self.memory is None:
             return
         output = list(tokens[self.prompt_len :])
         if self.on_finish is not None:
             self.on_finish(output)
         else:
-            self.memory.add(output)
+            self.memory.remember(tokens[: self.prompt_len], output)
 
     def report(self) -> dict:
         return {}
