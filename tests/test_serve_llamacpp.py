@@ -230,8 +230,13 @@ def test_props_slots_and_models(smol_server):
     assert props["model_ftype"] == "Q4_1" and props["media_marker"].startswith("<__media_")
     assert props["chat_template_caps"]["supports_system_role"] and not props["chat_template_caps"]["supports_tools"]
     assert len(props["chat_template_caps"]) == 9 and props["ui"] is False
+    r = post(smol_server, "/completion", {"prompt": "Once upon a time", "n_predict": 3, "top_k": 7})
+    assert r.status_code == 200, r.text
     slots = httpx.get(smol_server.base + "/slots", trust_env=False).json()
     assert [s["id"] for s in slots] == [0, 1]
+    last = max((s for s in slots if "id_task" in s), key=lambda s: s["id_task"])  # idle: its last task
+    assert not last["is_processing"] and last["params"]["n_predict"] == 3 and last["params"]["top_k"] == 7
+    assert last["next_token"][0]["has_next_token"] is False and last["next_token"][0]["n_decoded"] == 3
     assert all({"n_ctx", "is_processing", "speculative"} <= set(s) for s in slots)
     assert httpx.post(smol_server.base + "/slots", json={}, trust_env=False).status_code == 405  # read-only
     models = httpx.get(smol_server.base + "/v1/models", trust_env=False).json()

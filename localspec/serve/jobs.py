@@ -53,6 +53,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
     slot: int = -1  # the KV sequence the scheduler gave it (llama.cpp's id_slot)
+    task: int = -1  # the scheduler's running number for it (llama.cpp's id_task)
 
     def cancel(self) -> None:
         """Thread-safe: the scheduler frees the job's slot at its next step."""

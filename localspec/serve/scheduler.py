@@ -24,6 +24,7 @@ The HTTP side talks to this thread only through `submit()` and each job's `sink`
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -72,6 +73,20 @@ class _Active:
         return self.failure is not None
 
 
+def _task_view(a: _Active) -> dict:
+    """A request as llama-server's /slots shows a slot's task (id_task, prompt counts,
+    sampling params, next_token)."""
+    st, job = a.state.stats, a.job
+    s = job.sampling
+    return {"id_task": job.task, "n_prompt_tokens": st.prompt_tokens,
+            "n_prompt_tokens_processed": st.prefill_tokens, "n_prompt_tokens_cache": st.restored_tokens,
+            "params": {"n_predict": job.gen.max_tokens, "temperature": s.temperature, "top_k": s.top_k,
+                       "top_p": s.top_p, "min_p": s.min_p, "seed": -1 if s.seed is None else s.seed,
+                       "stop": list(job.gen.stop), "ignore_eos": job.gen.ignore_eos},
+            "next_token": [{"has_next_token": not (a.state.done or a.failed), "n_decoded": st.generated,
+                            "n_remain": max(0, job.gen.max_tokens - st.generated)}]}
+
+
 class Scheduler:
     """`draft`: the draft model, loaded with a sequence per slot (n_seq_max >= n_slots).
     `drafter_factory` (spec, sampling, extra) -> Drafter replaces the slots' drafters
@@ -96,6 +111,8 @@ class Scheduler:
         self.queue: deque[Job] = deque()
         self.active: list[_Active] = []
         self.free = list(range(cfg.n_slots))  # sequence ids
+        self._last: dict[int, dict] = {}  # slot -> the last request it served (GET /slots)
+        self._tasks = itertools.count()
         self.speculating = cfg.spec.mode.drafts
         self.error: BaseException | None = None
         self._cv = threading.Condition()
@@ -168,19 +185,15 @@ class Scheduler:
                 "alive": self.alive, "draining": self.draining, "kv_tokens": list(self.kv_tokens)}
 
     def slots(self) -> list[dict]:
-        """Each slot as llama-server's GET /slots shows it (read without stopping the loop)."""
+        """Each slot as llama-server's GET /slots shows it (read without stopping the loop):
+        a busy slot its request, an idle one the last request it served."""
         busy = {a.state.seq: a for a in list(self.active)}
         out = []
         for seq in range(self.cfg.n_slots):
             a = busy.get(seq)
             slot = {"id": seq, "n_ctx": self.target.n_ctx_seq, "speculative": self.speculating,
                     "is_processing": a is not None, "n_tokens_cached": self.kv_tokens[seq]}
-            if a is not None:
-                st = a.state.stats
-                slot.update(n_prompt_tokens=st.prompt_tokens, n_prompt_tokens_processed=st.prefill_tokens,
-                            n_prompt_tokens_cache=st.restored_tokens,
-                            next_token=[{"has_next_token": not a.state.done, "n_decoded": st.generated,
-                                         "n_remain": max(0, a.job.gen.max_tokens - st.generated)}])
+            slot.update(_task_view(a) if a is not None else self._last.get(seq, {}))
             out.append(slot)
         return out
 
@@ -223,6 +236,7 @@ class Scheduler:
             best = held.index(max(held))
             seq = self.free.pop(best)
             job.slot = seq
+            job.task = next(self._tasks)
             try:
                 if self.cfg.cache_reuse > 0:  # the rest of the prompt may be further on in the slot
                     held[best] = self.target.reuse_chunks(seq, job.prompt, held[best], self.cfg.cache_reuse)
@@ -366,6 +380,7 @@ class Scheduler:
                     replies.append((a.job, Finished(done.stats, done.text)))
             if a.failure is not None:
                 replies.append((a.job, a.failure))
+            self._last[st.seq] = _task_view(a)
             self._safe_release(a)
             self._count_kv(st.seq)
             t_first = st.t_first or time.perf_counter()
