@@ -71,7 +71,7 @@ class Server:
         self.scheduler = Scheduler(model, SchedulerConfig(spec=spec, **cfg), drafter_factory=drafter_factory,
                                    draft=draft)
         settings = settings or ServeSettings(model_id="smol", log_generations=False, max_tokens_limit=512)
-        app = create_app(self.scheduler, model, settings)
+        app = self.app = create_app(self.scheduler, model, settings)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         # the connection limits `localspec serve` runs with (serve/connections.py)

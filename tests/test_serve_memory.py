@@ -15,6 +15,7 @@ from test_serve_concurrency import Server
 from localspec.acceptance import logdb
 from localspec.core.backend import Model
 from localspec.core.config import ModelConfig, SpecConfig
+from localspec.core.drafters.memory import Memory, static_index
 from localspec.serve.app import ServeSettings
 
 KEYS = ("alice-key", "bob-key")
@@ -66,3 +67,45 @@ def test_one_users_replies_never_draft_for_another(model):
     assert "memory" not in bob  # alice's reply is in alice's memory only
     assert alice_again.get("memory", [0, 0])[1] > 16, alice_again  # her own reply, recalled
     assert "memory" not in alice_opted_out
+
+
+def test_lookup_corpus_drafts_for_every_key_and_keeps_nothing(model):
+    """--lookup with --no-memory: a corpus holding the reply drafts it for a key that never
+    asked before, and the server remembers nothing of what it generated."""
+    settings = ServeSettings(model_id="smol", log_generations=False, max_tokens_limit=512, memory=False)
+    with Server(model, settings=settings, spec=SpecConfig(mode="ngram"), n_slots=1, queue_size=2) as server:
+        reply = _ask(server, "any").json()["choices"][0]["message"]["content"]
+    corpus = static_index([model.tokenize(reply, False, False)])
+    settings = ServeSettings(model_id="smol", api_key=",".join(KEYS), log_generations=True,
+                             max_tokens_limit=512, memory=False, lookup=corpus)
+    with Server(model, settings=settings, spec=SpecConfig(mode="auto", draft_max=16), n_slots=2,
+                queue_size=4, spec_disable_by_batch_size=-1) as server:
+        replies = [_ask(server, KEYS[1]), _ask(server, KEYS[0], memory=False)]
+        server.wait_idle()
+        memory = server.app.state.api.memories
+    assert [r.json()["choices"][0]["message"]["content"] for r in replies] == [reply, reply]
+    bob, alice_opted_out = _logged(2)
+    assert bob.get("memory", [0, 0])[1] > 16, bob  # the corpus, recalled for a first request
+    assert "memory" not in alice_opted_out
+    assert list(memory) == [None] and len(memory[None].texts) == 0  # one corpus-only memory
+    assert memory[None].static is corpus  # shared, not copied
+
+
+def test_a_memory_that_keeps_nothing_still_drafts_from_its_corpus():
+    corpus = static_index([[5, 6, 7, 8, 9, 10, 11, 12]])
+    kept, static_only = Memory(static=corpus), Memory(static=corpus, keep=False)
+    for m in (kept, static_only):
+        m.remember([1, 2, 3], [20, 21, 22])
+    assert len(kept.texts) > 0 and len(static_only.texts) == 0
+    assert kept.static is static_only.static is corpus and len(corpus) == 9
+
+
+def test_serve_keeps_auto_without_a_draft_model_only_for_lookup():
+    from localspec.commands.serve import _spec, serve
+    from localspec.core.config import SpecMode
+
+    def defaults() -> dict:  # what serve's options give with no --spec
+        return dict(serve.make_context("serve", []).params)
+
+    assert _spec(defaults(), None).mode is SpecMode.NGRAM  # the load rule and AdaptiveK decide
+    assert _spec(defaults(), None, lookup=True).mode is SpecMode.AUTO  # the corpus is a source

@@ -105,13 +105,16 @@ log = logging.getLogger("localspec.serve")
 @click.option("--no-memory", is_flag=True,
               help="do not draft from earlier replies (by default one memory per API key, kept "
                    "for the server's lifetime; a request opts out with \"memory\": false)")
+@click.option("--lookup", "lookup", multiple=True, metavar="PATH", type=click.Path(exists=True),
+              help="also draft from these files or directories (a repo's text files; repeatable), "
+                   "for every API key: llama.cpp's static lookup cache")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: int | None,
           spec_disable: int | None, api_key: str | None, max_tokens: int, max_tokens_limit: int,
           max_body_bytes: int, max_messages: int, prefill_chunk: int, alias: str | None,
           shutdown_timeout: float, header_timeout: float, timeout: float, max_connections: int,
           allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...], cache_reuse: int, no_log: bool,
-          no_memory: bool,
+          no_memory: bool, lookup: tuple[str, ...],
           **kw) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics. Requests are batched together; speculation (n-gram drafting)
@@ -154,7 +157,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         target, draft = rt.target, rt.draft
         # a template past the bounds is refused now, not on every request (see its error)
         refuse_hostile(target)
-        spec = _spec(kw, draft)
+        spec = _spec(kw, draft, lookup=bool(lookup))
         profile = find_profile(target, draft) if spec_disable is None else None
         c = profile.c if profile and spec.mode.needs_draft_model else None
         limits = spec_threshold(spec_disable, profile, c or 0.0)
@@ -162,11 +165,12 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
                               spec=spec, spec_limits=limits, prefill_chunk=prefill_chunk,
                               cache_reuse=cache_reuse)
         scheduler = Scheduler(target, cfg, draft=draft)
+        corpus = _lookup_index(target, lookup) if lookup else None
         settings = ServeSettings(
             model_id=model_id_for(target.path, alias), api_key=api_key, max_body_bytes=max_body_bytes,
             max_messages=max_messages, max_tokens_limit=max_tokens_limit, default_max_tokens=max_tokens, sampling=sampling,
             log_generations=not no_log, target_path=str(target.path), memory=not no_memory,
-            host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
+            lookup=corpus, host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
         )
         app = create_app(scheduler, target, settings)
         rule = limits.describe()
@@ -183,12 +187,25 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
     click.echo("localspec serve: stopped", err=True)
 
 
-def _spec(kw: dict, draft: object | None) -> SpecConfig:
-    """The slots' drafting, once it is known whether a draft model loaded."""
+def _lookup_index(target, paths: tuple[str, ...]):
+    """The --lookup corpora, tokenized and indexed once at start-up."""
+    from localspec.core.drafters.memory import static_index
+    from localspec.memory_store import read_corpus
+
+    texts = read_corpus(paths, lambda s: target.tokenize(s, False, False))
+    index = static_index(texts)
+    click.echo(f"localspec serve: --lookup: {len(texts)} files, {len(index) - len(texts)} tokens", err=True)
+    return index
+
+
+def _spec(kw: dict, draft: object | None, lookup: bool = False) -> SpecConfig:
+    """The slots' drafting, once it is known whether a draft model loaded. With
+    --lookup, auto stays auto without a draft model: it chooses between the corpus (and
+    the memory), the context's n-grams and plain decoding."""
     mode = SpecMode(kw.get("spec") or SpecMode.AUTO)
     if mode.needs_draft_model and draft is None:
         raise UsageError(f"--spec {mode}: --draft auto found no compatible draft model")
-    if mode is SpecMode.AUTO and draft is None:
+    if mode is SpecMode.AUTO and draft is None and not lookup:
         # with n-grams alone, auto's per-round choice rests on single-sequence verify
         # times; in a shared batch the load rule decides when drafts are worth their
         # compute, and AdaptiveK sizes them

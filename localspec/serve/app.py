@@ -35,6 +35,7 @@ from localspec.acceptance import logdb
 from localspec.core.backend import Model, check_grammar
 from localspec.core.config import GenerationConfig, SamplingConfig
 from localspec.core.drafters.memory import Memory
+from localspec.core.drafters.suffix import SuffixIndex
 from localspec.core.errors import GrammarError
 from localspec.core.tuning import MEMORY_MAX_TOKENS as MEMORY_TOKENS
 from localspec.serve import admission, guard, protocol
@@ -65,6 +66,7 @@ class ServeSettings:
     sse_keepalive_s: float = 5.0  # a stream with nothing to send for this long gets a comment
     memory: bool = True  # draft from earlier replies (one memory per API key), --no-memory: off
     memory_tokens: int = MEMORY_TOKENS  # each memory's bound, the oldest replies dropped first
+    lookup: SuffixIndex | None = None  # --lookup corpora, indexed once, drafted from by every key
 
 
 def create_app(scheduler: Scheduler, target: Model, settings: ServeSettings) -> Starlette:
@@ -95,7 +97,9 @@ def create_app(scheduler: Scheduler, target: Model, settings: ServeSettings) -> 
     routes += native.routes(api)
     handlers = {HTTPException: _http_error, Exception: _server_error}
     middleware = guard.middleware(settings.host, settings.allowed_hosts, settings.cors_origins)
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers, middleware=middleware)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers, middleware=middleware)
+    app.state.api = api  # its memories, for inspection
+    return app
 
 
 def _error(e: ApiError) -> JSONResponse:
@@ -234,13 +238,18 @@ class _Api:
 
     def _memory(self, who: int | None) -> Memory | None:
         """The memory of the caller's API key (one for all when no keys are set): one
-        user's replies never draft for another. Made on first use; drafted from and
-        added to on the scheduler thread only."""
+        user's replies never draft for another; the --lookup corpora draft for all (with
+        --no-memory, they alone). Made on first use; drafted from and added to on the
+        scheduler thread only."""
+        lookup = self.settings.lookup
         if not self.settings.memory:
-            return None
+            who = None  # one corpus-only memory: it holds nobody's text
+            if lookup is None:
+                return None
         memory = self.memories.get(who)
         if memory is None:
-            memory = self.memories.setdefault(who, Memory(self.settings.memory_tokens))
+            memory = self.memories.setdefault(who, Memory(self.settings.memory_tokens, static=lookup,
+                                                          keep=self.settings.memory))
         return memory
 
     def _prepare(self, raw: bytes, kind: str) -> _Prepared:

@@ -62,19 +62,19 @@ class Memory:
     prompt is remembered beside its output (`remember`)."""
 
     def __init__(self, max_tokens: int = MEMORY_MAX_TOKENS, corpora: Sequence[Sequence[int]] = (),
-                 prompts: bool = True) -> None:
+                 prompts: bool = True, static: SuffixIndex | None = None, keep: bool = True) -> None:
         self.max_tokens = max_tokens
         self.prompts = prompts
+        self.keep = keep  # False: the static corpora only, nothing generated is remembered
         self.recent: deque[np.ndarray] = deque(maxlen=MEMORY_RECENT_PROMPTS)  # prompts remembered lately
         self.texts = SuffixIndex()
-        self.static = SuffixIndex()
-        for text in corpora:
-            self.static.add_text(text)
+        # `static`: corpora indexed once and shared (read only) by several memories
+        self.static = static if static is not None else static_index(corpora)
         self.added = 0  # texts added since this memory was made
 
     def add(self, text: Sequence[int]) -> None:
         """Remember a text; drop the oldest ones once past the bound."""
-        if not len(text):
+        if not len(text) or not self.keep:
             return
         self.texts.add_text(text[-self.max_tokens + 1 :] if len(text) >= self.max_tokens else text)
         self.added += 1
@@ -86,6 +86,8 @@ class Memory:
         prompt stops repeating a recent one (a system prompt, a conversation so far is
         not stored again), at most MEMORY_PROMPT_MAX tokens of it and at least the last
         ORDERS[-1] (they lead into the output). Without `prompts`, the output alone."""
+        if not self.keep:
+            return
         if not self.prompts:
             self.add(output)
             return
@@ -111,6 +113,14 @@ class Memory:
 
     def __len__(self) -> int:
         return len(self.texts) + len(self.static)
+
+
+def static_index(corpora: Sequence[Sequence[int]]) -> SuffixIndex:
+    """Static corpora (--lookup) as one index, which memories may share."""
+    index = SuffixIndex()
+    for text in corpora:
+        index.add_text(text)
+    return index
 
 
 def _shared_start(a: np.ndarray, b: np.ndarray) -> int:
