@@ -27,6 +27,12 @@ constant was tuned on, to check a change made for the built-in ones.
 
 `record` also runs the draft model over each output once, so model drafts are replayed
 too: its greedy token and top probability at every position.
+
+Sessions (localspec/bench/sessions.py) replay with the memory across their requests:
+
+    python scripts/replay_policy.py record-sessions s.json --model qwen2.5-coder-0.5b \
+        [--sessions tests,agent,fresh] [--requests 4] [-n 96]    # plain decode of each request
+    python scripts/replay_policy.py sessions s.json --curve cpu.json   # per request: auto, memory
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import sys
 
 import numpy as np
 
-from localspec.bench.replay import FIXED_K, replay_trace, true_curve
+from localspec.bench.replay import FIXED_K, replay_session, replay_trace, true_curve
 from localspec.core.config import ModelConfig, SpecConfig
 from localspec.profile import Profile
 
@@ -81,6 +87,53 @@ def record(path: str, target: str, draft: str, prompts: str | None = None,
             json.dump(out, f)
 
 
+def record_sessions(path: str, target: str, names: list[str], n_requests: int, n_predict: int) -> None:
+    """Plain greedy decoding of each session's first n_requests requests, as the session
+    benchmark prompts them: {"name", "repeats", "requests": [{"prompt", "ids"}]} per session."""
+    from localspec import models
+    from localspec.bench import sessions as sb
+    from localspec.core.backend import Model, default_threads
+    from localspec.core.chat_template import chat_prompt
+    from localspec.core.config import GenerationConfig
+    from localspec.core.drafters import NoDrafter
+    from localspec.core.engine import collect, generate
+
+    t = Model(ModelConfig(str(models.resolve(target)), n_ctx=4096, n_threads=default_threads()))
+    known, out = {s.name: s for s in sb.builtin_sessions()}, []
+    for name in names:
+        s, reqs = known[name], []
+        for user in s.requests[:n_requests]:
+            prompt = chat_prompt(t, user, s.system)
+            ids, _, _ = collect(generate(t, prompt, NoDrafter(), sampling=sb.GREEDY, spec=SpecConfig(mode="none"),
+                                         gen=GenerationConfig(max_tokens=n_predict)))
+            reqs.append({"prompt": list(prompt), "ids": ids})
+            print(f"{name} {len(reqs)}: {len(prompt)} + {len(ids)} tokens", file=sys.stderr)
+        out.append({"name": name, "repeats": s.repeats, "requests": reqs})
+        with open(path, "w") as f:
+            json.dump(out, f)
+
+
+def report_sessions(paths: list[str], v: list[float], c: float, args) -> None:
+    """Per session and request: auto's and the memory's speedup over plain, memory tokens
+    accepted; per session the geometric means over all requests and from the third."""
+    print(f"{'session':8} {'req':>3} {'tokens':>6} {'auto':>6} {'memory':>7}  accepted")
+    for path in paths:
+        with open(path) as f:
+            sessions = json.load(f)
+        for s in sessions:
+            rows = replay_session(s, v, c, max(args.k_max), args.noise, tuned_v=args.tuned_v)
+            for r in rows:
+                acc = ", ".join(f"{k} {n}" for k, n in sorted(r["accepted"].items())) or "-"
+                print(f"{s['name']:8} {r['request']:>3} {r['tokens']:>6} {r['auto']:5.2f}x {r['memory']:6.2f}x  {acc}")
+            later = [r["memory"] for r in rows if r["request"] >= 3]
+            print(f"{s['name']:8} all {_gm([r['auto'] for r in rows]):5.2f}x {_gm([r['memory'] for r in rows]):6.2f}x"
+                  f"  from 3: {_gm(later) if later else float('nan'):.2f}x")
+
+
+def _gm(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
 def measure_curve(path: str, target: str, n_max: int) -> None:
     """V(n) of the target up to n_max (every n to 32, then costs.GRID's sizes; best of 3
     tries at each, as bench's V(n)), saved as {"sizes": [...], "v": [...]}."""
@@ -104,11 +157,14 @@ def measure_curve(path: str, target: str, n_max: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("action", choices=("record", "vcurve", "replay"))
+    ap.add_argument("action", choices=("record", "vcurve", "replay", "record-sessions", "sessions"))
     ap.add_argument("traces", nargs="+", help="trace files (vcurve: the output file)")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
     ap.add_argument("--prompts", help="record: a workload JSONL instead of the built-in ones")
+    ap.add_argument("--sessions", default="tests,agent,fresh", help="record-sessions: which sessions")
+    ap.add_argument("--requests", type=int, default=4, help="record-sessions: requests per session")
+    ap.add_argument("-n", "--n-predict", type=int, default=96, help="record-sessions: tokens a request")
     ap.add_argument("--fast", action="store_true", help="record: decode with n-gram drafting "
                     "(the same greedy output, up to near-ties; much faster on edits)")
     ap.add_argument("--n-max", type=int, default=257, help="vcurve: the largest batch timed")
@@ -138,6 +194,9 @@ def main() -> int:
     if args.action == "record":
         record(args.traces[0], args.model, args.draft, args.prompts, args.fast)
         return 0
+    if args.action == "record-sessions":
+        record_sessions(args.traces[0], args.model, args.sessions.split(","), args.requests, args.n_predict)
+        return 0
     if args.action == "vcurve":
         measure_curve(args.traces[0], args.model, args.n_max)
         return 0
@@ -145,6 +204,10 @@ def main() -> int:
     c = args.c if args.c is not None else (profile.c or 0.5)
     v = true_curve(args.curve, max([*args.k_max, *FIXED_K]) + 2, profile)
     args.tuned_v = true_curve(args.tuned_curve, len(v), None) if args.tuned_curve else None
+    if args.action == "sessions":
+        print("V(n): " + ", ".join(f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 16, 32, 64) if n <= len(v)))
+        report_sessions(args.traces, v, c, args)
+        return 0
     print("V(n): " + ", ".join(f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 16, 32, 64, 128, 256)
                                 if n <= len(v)) + f"; c = {c:.2f}")
     rows = []

@@ -116,13 +116,13 @@ def test_memory_model_learns_in_hindsight_by_match_and_support():
     context = list(range(100))
     model.reset(10)
     for pos in range(10, 90, 8):  # right candidates, none of them drafted
-        model.offer(pos, context[pos:pos + 8], good)
+        model.offer(pos, context[pos:pos + 8], [5] * 8, 8)
         model.settle(context[:pos + 8])
     assert (model.rates(good) > before).all() and model.rates(good)[0] > 0.9
     bad = MemoryModel.bins(2, [1] * 4)
     model.reset(10)
     for pos in range(10, 90, 4):
-        model.offer(pos, [c + 1 for c in context[pos:pos + 4]], bad)
+        model.offer(pos, [c + 1 for c in context[pos:pos + 4]], [1] * 4, 2)
         model.settle(context[:pos + 4])
     assert model.rates(bad)[0] < 0.15
     again = MemoryModel(model.to_dict())  # what the profile keeps comes back
@@ -196,3 +196,60 @@ def test_drafting_from_a_memory_of_millions_of_tokens_is_cheap():
     assert len(d.tokens) > 0
     print(f"memory {len(mem.texts)} tokens, {mem.texts.nbytes / 2**20:.0f} MiB, built in {build:.1f} s; "
           f"draft {per * 1e6:.0f} us")
+
+
+def _follow(memory: Memory, context: list[int], start: int, k: int = 16) -> list:
+    """Drafts for every prefix of `context` from `start` on (none verified: what the
+    memory drafter offers round by round while the target writes `context`)."""
+    d = MemoryDrafter(memory, learn=False)
+    d.begin(context[:start])
+    return [d.draft(context[:n], k) for n in range(start, len(context))]
+
+
+def test_a_copy_followed_past_the_lookups_lengths_is_judged_by_its_true_length():
+    mem = Memory()
+    mem.add(list(range(100, 200)))
+    context = [1, 2, *range(100, 130)]
+    drafts = _follow(mem, context, 5)  # from 3 copied tokens on
+    lengths = [d.match_len for d in drafts]
+    # the lookup finds 3, 4, 4, 4, 4, 8, ...: suffix.ORDERS' lengths; the copy is longer
+    assert lengths[:12] == list(range(3, 15)), lengths
+    assert all(d.tokens[:3] == list(range(100 + m, 103 + m)) for d, m in zip(drafts, lengths))
+
+
+def test_a_match_that_takes_up_a_copy_after_its_slot_is_a_reentry():
+    mem = Memory()
+    template = list(range(100, 160))
+    mem.add(template)
+    # the copy breaks at a slot (two other tokens for 110, 111) and takes the text up again
+    slot = [*template[:10], 7, 8, *template[12:30]]
+    drafts = _follow(mem, [1, 2, *slot], 4)  # from 2 copied tokens on
+    at = {len(d.tokens) and d.tokens[0]: d for d in drafts}
+    assert not at[102].reentry and not at[110].reentry  # the first copy, and its wrong guess
+    assert at[114].reentry and at[114].match_len == 2  # 112, 113 match again: 114 follows
+    assert at[120].reentry  # ... and stays one while it holds
+    # elsewhere: a 2-token match of the same text far from where a copy broke is not
+    jump = [*template[:10], 7, 8, 9, *template[40:50]]
+    far = {len(d.tokens) and d.tokens[0]: d for d in _follow(mem, [1, 2, *jump], 4)}
+    assert 142 in far and not far[142].reentry
+
+
+def test_reentries_are_weighed_apart_from_other_young_matches():
+    """Numpy toy: the target writes 0, 1, 2, ...; every 40 tokens a copy of source text A
+    holds 8 tokens and breaks, a re-entry into A 3 tokens on holds 12, and a 2-token
+    match from elsewhere (text B) is wrong from its first token."""
+    model = MemoryModel()
+    context = list(range(2000))
+    model.reset(0)
+    for seg in range(40):
+        p = 40 * seg
+        wrong = [-5] * 8
+        model.offer(p, context[p:p + 8] + wrong, [1] * 16, 16, (1, 1000 + p))
+        model.settle(context[:p + 9])  # it broke at p + 8
+        model.offer(p + 11, context[p + 11:p + 23], [1] * 12, 2, (1, 1000 + p + 11))
+        model.settle(context[:p + 23])
+        model.offer(p + 25, wrong, [1] * 8, 2, (2, 50 * seg))
+        model.settle(context[:p + 26])
+    young = MemoryModel.bins(2, [1] * 4)
+    assert model.rates(MemoryModel.bins(2, [1] * 4, reentry=True))[0] > 0.9
+    assert model.rates(young)[0] < 0.1

@@ -94,3 +94,15 @@ def test_a_curve_file_replays_as_measured(name, tmp_path):
     slope = (values[-1] - values[mid]) / (sizes[-1] - sizes[mid])
     for n in range(sizes[-1] + 1, n_max + 1):
         assert v[n - 1] == pytest.approx(values[-1] + slope * (n - sizes[-1]))
+
+
+def test_a_session_replays_with_its_memory_across_requests():
+    """replay_session: a second request whose reply repeats the first's drafts it from
+    the memory; the first has nothing to recall."""
+    rng = random.Random(0)
+    reply = [rng.randrange(1000, 5000) for _ in range(120)]
+    session = {"name": "toy", "requests": [{"prompt": [1, 2, 3], "ids": reply},
+                                           {"prompt": [1, 2, 4], "ids": reply}]}
+    first, second = rp.replay_session(session, CURVES["flat"], 0.5, k_max=64)
+    assert "memory" not in first["accepted"]
+    assert second["accepted"]["memory"] > 100 and second["memory"] > 2 * second["auto"], second

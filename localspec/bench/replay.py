@@ -15,7 +15,8 @@ import numpy as np
 
 from localspec.core.config import SpecConfig
 from localspec.core.drafters.auto import AutoDrafter
-from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter
+from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter, finished
+from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import AdaptiveK
 from localspec.profile import Profile, merge_online
@@ -51,9 +52,10 @@ class ReplayModelDrafter(DrafterBase):
 
 
 def replay(trace: dict, drafter, v: list[float], c: float, k_max: int, adaptive: bool,
-           noise: float = 0.0, seed: int = 0) -> float:
+           noise: float = 0.0, seed: int = 0, accepted: dict[str, int] | None = None) -> float:
     """Modelled decode time (in one-token times) of the trace's output with `drafter`;
-    v[n - 1] is the true V(n) (len(v) > k_max)."""
+    v[n - 1] is the true V(n) (len(v) > k_max). `accepted` counts the drafted tokens
+    accepted, by source."""
     ids, rng = trace["ids"], random.Random(seed)
     policy = AdaptiveK(SpecConfig(draft_max=k_max, adaptive=adaptive))  # auto: adaptive=False
     drafter.begin(trace["prompt"])
@@ -71,8 +73,11 @@ def replay(trace: dict, drafter, v: list[float], c: float, k_max: int, adaptive:
         seen = verify * (math.exp(rng.gauss(0, noise)) if noise else 1.0)
         policy.update(n, a)
         drafter.observe(n, a, seen, draft_cost)
+        if accepted is not None and n:
+            accepted[d.source] = accepted.get(d.source, 0) + a
         tokens += ids[done : done + a + 1]
         done += a + 1
+    finished(drafter, tokens)  # a memory remembers the output
     drafter.end()  # the end of a generation: auto hands what it measured to `store`
     return total
 
@@ -179,3 +184,34 @@ def replay_trace(tr: dict, v: list[float], c: float, args) -> dict[str, float]:
         out[f"fresh {k}"] = plain / statistics.mean(r[0] for r in runs)
         out[f"second {k}"] = plain / statistics.mean(r[1] for r in runs)
     return out
+
+
+def replay_session(session: dict, v: list[float], c: float, k_max: int = 64, noise: float = 0.0,
+                   seed: int = 0, tuned_v: list[float] | None = None) -> list[dict]:
+    """One recorded session (`requests`: prompt and greedy ids each) through plain
+    decoding, `auto` on the context alone and `auto` with a memory of the session's
+    earlier requests, as `localspec bench --sessions` runs it on a fresh state dir: each
+    request's auto starts from the profile the ones before stored (on-line V(n) points
+    and the memory's acceptance counts); `tuned_v`: with a tune profile of that curve
+    too. Per request: speedups over plain, memory tokens accepted."""
+    memory, online, mem_counts, rows = Memory(), {}, None, []
+
+    def keep(measured, t1):
+        online.update(merge_online(online, measured))
+
+    for i, req in enumerate(session["requests"]):
+        tr = {"prompt": req["prompt"], "ids": req["ids"]}
+        plain = replay(tr, NoDrafter(), v, c, 1, False)
+        profile = Profile(key="replay", target="t", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                          t_token_s=1.0, vcurve=list(tuned_v or [])[:64], prefill_tok_s=0.0, online=dict(online),
+                          memory_accept=mem_counts or {})
+        auto = replay(tr, AutoDrafter(NgramDrafter(1, 4), None, profile, k_max=k_max), v, c, k_max, False,
+                      noise, seed + i)
+        recall = MemoryDrafter(memory, model=MemoryModel(mem_counts))
+        accepted: dict[str, int] = {}
+        with_memory = replay(tr, AutoDrafter(NgramDrafter(1, 4), None, profile, k_max=k_max, store=keep,
+                                             memory=recall), v, c, k_max, False, noise, seed + i, accepted)
+        mem_counts = recall.model.to_dict()
+        rows.append({"request": i + 1, "tokens": len(req["ids"]), "auto": plain / auto,
+                     "memory": plain / with_memory, "accepted": accepted})
+    return rows

@@ -84,5 +84,11 @@ MEMORY_COUNT_EDGES = (1, 2, 3, 5, 9)  # occurrences that continued with the draf
 # rounds while a high one costs failed verifies
 MEMORY_PRIOR_LEN = (0.25, 0.4, 0.55, 0.7, 0.8, 0.9)
 MEMORY_PRIOR_MISS = (1.0, 0.85, 0.7, 0.55, 0.45)
+# a young match that takes up the text a copy broke off from (memory.py's re-entry): at
+# most this many tokens on from the break, on both sides; weighed apart below this age
+MEMORY_REENTRY_SKIP = 12
+MEMORY_REENTRY_YOUNG = 8
+MEMORY_REENTRY_BREAKS = 4  # latest breaks a re-entry may take up (a short wrong candidate breaks too)
+MEMORY_REENTRY_PRIOR = 0.6  # its prior, as MEMORY_PRIOR_LEN's
 MEMORY_DECAY = 0.97  # per candidate reaching a bin: the last few dozen decide
 MEMORY_SMOOTH = 2.0  # pseudo-tokens of the prior in each bin

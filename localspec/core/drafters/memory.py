@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,22 +38,30 @@ from localspec.core.tuning import (
     MEMORY_PRIOR_MISS,
     MEMORY_PROMPT_MAX,
     MEMORY_RECENT_PROMPTS,
+    MEMORY_REENTRY_BREAKS,
+    MEMORY_REENTRY_PRIOR,
+    MEMORY_REENTRY_SKIP,
+    MEMORY_REENTRY_YOUNG,
     MEMORY_SMOOTH,
 )
 
-N_BINS = len(MEMORY_LEN_EDGES) * len(MEMORY_COUNT_EDGES)
+# bins: (match length row, support column); the last row holds young re-entries (MemoryModel)
+N_ROWS = len(MEMORY_LEN_EDGES) + 1
+N_BINS = N_ROWS * len(MEMORY_COUNT_EDGES)
 
 
 @dataclass
 class MemoryDraft(Draft):
     """A draft recalled from earlier outputs, with the evidence auto's policy weighs."""
 
-    match_len: int = 0  # length of the matched suffix
+    match_len: int = 0  # length of the matched suffix (as followed: MemoryModel.offer)
     support: list[int] = field(default_factory=list)  # occurrences agreeing on each token
+    reentry: bool = False  # it takes up a copy of the same text where the copy broke just before
 
 
 def _prior() -> np.ndarray:
-    miss = (1.0 - np.asarray(MEMORY_PRIOR_LEN))[:, None] * np.asarray(MEMORY_PRIOR_MISS)[None, :]
+    first = np.asarray([*MEMORY_PRIOR_LEN, MEMORY_REENTRY_PRIOR])
+    miss = (1.0 - first)[:, None] * np.asarray(MEMORY_PRIOR_MISS)[None, :]
     return (1.0 - miss).ravel()
 
 
@@ -130,17 +139,55 @@ def _shared_start(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-class _Track:
-    __slots__ = ("pos", "tokens", "bins", "done")
+def _origin(hits: list[tuple[SuffixIndex, np.ndarray]], rows: np.ndarray, first: int) -> tuple[int, int]:
+    """(index id, position) of the most recent occurrence whose continuation is the draft's."""
+    at = int(np.flatnonzero(rows[:, 0] == first)[-1])
+    for ix, pos in hits:
+        if at < len(pos):
+            return id(ix), int(pos[at])
+        at -= len(pos)
+    raise AssertionError("a draft's first token follows one of the occurrences")
 
-    def __init__(self, pos: int, tokens: list[int], bins: np.ndarray) -> None:
-        self.pos, self.tokens, self.bins, self.done = pos, tokens, bins, 0
+
+class _Track:
+    """One candidate being followed: context position of its first token, its tokens and
+    their support, the length of the match at its first token, how many positions have
+    agreed so far, and the last bin it counted in."""
+
+    __slots__ = ("pos", "tokens", "support", "age", "done", "bin", "origin", "reentry")
+
+    def __init__(self, pos: int, tokens: list[int], support: list[int], age: int,
+                 origin: tuple[int, int] | None, reentry: bool) -> None:
+        self.pos, self.tokens, self.support, self.age, self.done, self.bin = pos, tokens, support, age, 0, -1
+        self.origin, self.reentry = origin, reentry  # (index id, position there of its first token)
+
+
+class Break(NamedTuple):
+    """Where a followed candidate broke: the context position of the token it got wrong,
+    and where in its source text the token it had there sits (index id, position)."""
+
+    pos: int
+    origin: tuple[int, int]
+
+    def resumed_by(self, pos: int, origin: tuple[int, int]) -> bool:
+        """Whether a candidate for `pos` from `origin` takes the same text up again a few
+        tokens on, on both sides: what a template does after its slot (a function's
+        name, a path) took another value than last time."""
+        return (origin[0] == self.origin[0] and 0 <= pos - self.pos <= MEMORY_REENTRY_SKIP
+                and 0 <= origin[1] - self.origin[1] <= MEMORY_REENTRY_SKIP)
 
 
 class MemoryModel:
     """Acceptance of a memory draft's tokens by (match length, support) bin, learned in
     hindsight: every candidate is followed against the tokens the target goes on to
-    produce until it breaks (for greedy decoding what verifying it would accept)."""
+    produce until it breaks (for greedy decoding what verifying it would accept).
+
+    A copy of an earlier text that breaks at a slot (another name, another path) often
+    goes on a few tokens later: the next match is then short, 2-4 tokens, but it takes up
+    the same text just after where the copy broke. Such a re-entry is weighed apart from
+    other young matches while it is young (younger than MEMORY_REENTRY_YOUNG), in a row
+    of its own (`bins`): in a session of templated replies it holds as often as a long
+    match, while a 2-token match elsewhere mostly does not."""
 
     def __init__(self, stored: dict | None = None) -> None:
         self.reached = np.zeros(N_BINS)
@@ -156,15 +203,18 @@ class MemoryModel:
         self.prior = _prior()
         self.tracks: list[_Track] = []
         self.seen = 0
+        self.broke: deque[Break] = deque(maxlen=MEMORY_REENTRY_BREAKS)  # the latest breaks
 
     @staticmethod
-    def bins(match_len: int, support: Sequence[int]) -> np.ndarray:
+    def bins(match_len: int, support: Sequence[int], reentry: bool = False) -> np.ndarray:
         """Each drafted token's bin: the match it continues (match_len + its position)
-        and how many occurrences agreed on it."""
+        and how many occurrences agreed on it; a young re-entry's in the last row."""
         lengths = match_len + np.arange(len(support))
-        lb = np.searchsorted(MEMORY_LEN_EDGES, lengths, side="right") - 1
+        lb = np.clip(np.searchsorted(MEMORY_LEN_EDGES, lengths, side="right") - 1, 0, None)
+        if reentry:
+            lb = np.where(lengths < MEMORY_REENTRY_YOUNG, N_ROWS - 1, lb)
         cb = np.searchsorted(MEMORY_COUNT_EDGES, np.asarray(support), side="right") - 1
-        return np.clip(lb, 0, None) * len(MEMORY_COUNT_EDGES) + np.clip(cb, 0, None)
+        return lb * len(MEMORY_COUNT_EDGES) + np.clip(cb, 0, None)
 
     def rates(self, bins: np.ndarray) -> np.ndarray:
         """Acceptance of each drafted token, given the ones before it."""
@@ -173,15 +223,26 @@ class MemoryModel:
 
     def reset(self, n_context: int) -> None:
         self.tracks, self.seen = [], n_context
+        self.broke.clear()
 
-    def offer(self, pos: int, tokens: list[int], bins: np.ndarray) -> None:
-        """A candidate for context position `pos` onwards, drafted or not; one that
-        continues a candidate followed since earlier is not counted twice."""
+    def offer(self, pos: int, tokens: list[int], support: list[int], match_len: int,
+              origin: tuple[int, int] | None = None) -> tuple[int, bool]:
+        """A candidate for context position `pos` onwards, drafted or not, whose first
+        token comes from `origin` (index id, position). Returns the length of its match
+        and whether it is a re-entry (class docstring). The length is the n-gram found
+        (one of suffix.ORDERS), or longer where the candidate continues one followed
+        since earlier, which is then followed further instead of counted twice: the
+        lookup finds at most ORDERS' lengths, and a copy that has held for 7 tokens, or
+        30, would otherwise be judged as a 4- or 16-token match all along."""
         for t in self.tracks:
             off = pos - t.pos
             if 0 <= off <= t.done and t.tokens[off:off + len(tokens)] == tokens[: len(t.tokens) - off]:
-                return
-        self.tracks.append(_Track(pos, list(tokens), bins))
+                if off + len(tokens) > len(t.tokens):
+                    t.tokens, t.support = t.tokens[:off] + tokens, t.support[:off] + support
+                return max(match_len, t.age + off), t.reentry
+        reentry = origin is not None and any(b.resumed_by(pos, origin) for b in self.broke)
+        self.tracks.append(_Track(pos, list(tokens), list(support), match_len, origin, reentry))
+        return match_len, reentry
 
     def settle(self, context: Sequence[int]) -> None:
         """Score the followed candidates against the tokens produced since last time."""
@@ -193,14 +254,17 @@ class MemoryModel:
         for t in self.tracks:
             for p in range(max(self.seen, t.pos + t.done), min(n, t.pos + len(t.tokens))):
                 i = p - t.pos
-                b = t.bins[i]
-                if i == 0 or b != t.bins[i - 1]:  # a candidate enters this bin: older ones weigh less
+                b = int(self.bins(t.age + i, t.support[i : i + 1], t.reentry)[0])
+                if b != t.bin:  # a candidate enters this bin: older ones weigh less
                     self.reached[b] *= MEMORY_DECAY
                     self.accepted[b] *= MEMORY_DECAY
+                    t.bin = b
                 hit = context[p] == t.tokens[i]
                 self.reached[b] += 1.0
                 self.accepted[b] += hit
                 if not hit:
+                    if t.origin is not None:
+                        self.broke.append(Break(p, (t.origin[0], t.origin[1] + i)))
                     break
                 t.done += 1
             else:
@@ -256,17 +320,17 @@ class MemoryDrafter(DrafterBase):
         n, found = longest_match(sources, context)
         if not n:
             return MemoryDraft(source=self.name)
-        rows = [ix.following(pos, k) for ix, pos in zip(sources, found) if len(pos)]
-        tokens, support = most_frequent(np.concatenate(rows) if len(rows) > 1 else rows[0], k, MEMORY_MIN_SHARE)
+        hits = [(ix, pos) for ix, pos in zip(sources, found) if len(pos)]
+        rows = np.concatenate([ix.following(pos, k) for ix, pos in hits])
+        tokens, support = most_frequent(rows, k, MEMORY_MIN_SHARE)
         if not tokens:
             return MemoryDraft(source=self.name)
-        draft = MemoryDraft(tokens=tokens, source=self.name, match_len=n, support=support)
-        self.model.offer(len(context), tokens, MemoryModel.bins(n, support))
-        return draft
+        n, reentry = self.model.offer(len(context), tokens, support, n, _origin(hits, rows, tokens[0]))
+        return MemoryDraft(tokens=tokens, source=self.name, match_len=n, support=support, reentry=reentry)
 
     def rates(self, draft: MemoryDraft) -> np.ndarray:
         """Acceptance of each of the draft's tokens, given the ones before."""
-        return self.model.rates(MemoryModel.bins(draft.match_len, draft.support))
+        return self.model.rates(MemoryModel.bins(draft.match_len, draft.support, draft.reentry))
 
     def finished(self, tokens: Sequence[int]) -> None:
         """The generation ended with context `tokens`: its prompt and output join the memory."""
