@@ -33,6 +33,14 @@ Sessions (localspec/bench/sessions.py) replay with the memory across their reque
     python scripts/replay_policy.py record-sessions s.json --model qwen2.5-coder-0.5b \
         [--sessions tests,agent,fresh] [--requests 4] [-n 96]    # plain decode of each request
     python scripts/replay_policy.py sessions s.json --curve cpu.json   # per request: auto, memory
+
+    python scripts/replay_policy.py synth traces.json --prompts edits.jsonl
+
+`synth` writes edit traces without decoding: each task of the JSONL names, beside "file"
+and "instruction", an "after" file (the edit done right, relative to the JSONL); the
+output is that file's body and the closing fence, in the target's tokens. A trace of an
+edit a model would make in minutes of plain decoding, made in seconds (no draft-model
+tokens: replay it with --no-model, as `localspec edit` runs).
 """
 
 from __future__ import annotations
@@ -134,6 +142,29 @@ def _gm(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def synth(path: str, target: str, prompts: str) -> None:
+    """Edit traces from edits done right (each task's "after" file): no decoding."""
+    from pathlib import Path
+
+    from localspec import edit, models
+    from localspec.bench.workloads import load_jsonl, name_workloads, prepare
+    from localspec.core.backend import Model
+
+    t = Model(ModelConfig(str(models.resolve(target)), n_ctx=512, n_threads=1))
+    base = Path(prompts).resolve().parent
+    afters = [json.loads(line)["after"] for line in Path(prompts).read_text().splitlines() if line.strip()]
+    out = []
+    for w, after in zip(name_workloads(load_jsonl(prompts)), afters):
+        prep = prepare(w, t, 256)
+        body = edit.split_region((base / after).read_text()).body
+        ids = t.tokenize(f"{body}\n{prep.fence}", add_special=False, parse_special=False)
+        out.append({"name": Path(w.file).stem, "tag": w.tag, "prompt": prep.tokens,
+                    "extra": prep.extra, "ids": ids, "d_arg": [], "d_p": []})
+        print(f"{out[-1]['name']}: {len(prep.tokens)} prompt, {len(ids)} output tokens", file=sys.stderr)
+    with open(path, "w") as f:
+        json.dump(out, f)
+
+
 def measure_curve(path: str, target: str, n_max: int) -> None:
     """V(n) of the target up to n_max (every n to 32, then costs.GRID's sizes; best of 3
     tries at each, as bench's V(n)), saved as {"sizes": [...], "v": [...]}."""
@@ -157,7 +188,7 @@ def measure_curve(path: str, target: str, n_max: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("action", choices=("record", "vcurve", "replay", "record-sessions", "sessions"))
+    ap.add_argument("action", choices=("record", "synth", "vcurve", "replay", "record-sessions", "sessions"))
     ap.add_argument("traces", nargs="+", help="trace files (vcurve: the output file)")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
@@ -196,6 +227,9 @@ def main() -> int:
         return 0
     if args.action == "record-sessions":
         record_sessions(args.traces[0], args.model, args.sessions.split(","), args.requests, args.n_predict)
+        return 0
+    if args.action == "synth":
+        synth(args.traces[0], args.model, args.prompts)
         return 0
     if args.action == "vcurve":
         measure_curve(args.traces[0], args.model, args.n_max)

@@ -193,7 +193,7 @@ def test_matches_brute_force_on_random_growing_contexts():
         hi = rnd.randint(lo, 5)
         extra = [rnd.randrange(vocab) for _ in range(rnd.randint(0, 15))]
         ctx = [rnd.randrange(vocab) for _ in range(rnd.randint(1, 8))]
-        d = NgramDrafter(ngram_min=lo, ngram_max=hi, extra=extra)
+        d = NgramDrafter(ngram_min=lo, ngram_max=hi, extra=extra, follow=False)
         d.begin(ctx)
         for _ in range(12):
             k = rnd.randint(0, 6)
@@ -240,3 +240,78 @@ def test_run_len_measures_how_long_the_copy_has_held():
     assert out.tokens == [8, 9, 10] and out.match_len == 4 and out.run_len == 6
     # a match that starts the source: nothing before it to agree with
     assert fresh([5, 1, 2], extra=[1, 2, 3]).draft([5, 1, 2], 1).run_len == 2
+
+
+# --- following the copy of a given text across the output's changes ------------------
+
+def rename_file(seed: int = 0, n: int = 300, every: int = 9):
+    """A 'file' of distinct tokens with the token 7 every `every` positions, and the
+    output of renaming it: each 7 becomes 8 (a one-token rename, as `lo` -> `low`)."""
+    rng = random.Random(seed)
+    src = [rng.randrange(1000, 100000) for _ in range(n)]
+    for i in range(0, n, every):
+        src[i] = 7
+    return src, [8 if t == 7 else t for t in src]
+
+
+def copy_rounds(d: NgramDrafter, prompt, out, k: int = 64):
+    """Decode `out` greedily as a verifier would with `d` drafting k (every accepted
+    prefix plus the target's own next token); the accepted length of each round."""
+    ctx, accepted = [*prompt, out[0]], []
+    while len(ctx) - len(prompt) < len(out):
+        done = len(ctx) - len(prompt)
+        draft = d.draft(ctx, min(k, len(out) - done))
+        a = 0
+        while a < len(draft.tokens) and done + a < len(out) and draft.tokens[a] == out[done + a]:
+            a += 1
+        accepted.append(a)
+        ctx += out[done : done + a + 1]
+    return accepted
+
+
+def test_a_learned_rename_is_drafted_through():
+    """Once the output has replaced a source token by another SURE (2) times, drafts copy
+    the source with it replaced: a dense rename is drafted in long runs, as an unchanged
+    copy is. Without following (follow=False) every renamed token breaks the copy."""
+    src, out = rename_file()
+    prompt = [1, 2, 3]
+    follow = copy_rounds(NgramDrafter(3, 12, extra=src), prompt, out)
+    plain = copy_rounds(NgramDrafter(3, 12, extra=src, follow=False), prompt, out)
+    assert max(plain) < 9  # never past a renamed token
+    assert len(follow) < len(plain) / 3
+    assert max(follow) >= 60  # a whole k's draft, across 6 renamed tokens
+
+
+def test_a_copy_resumes_right_after_a_substitution():
+    """After the output puts one token in place of a source token and goes on with the
+    source, the next draft copies on from there (no waiting for ngram_min new tokens)."""
+    src = list(range(100, 140))
+    out = src[:10] + [999] + src[11:]
+    d = NgramDrafter(3, 12, extra=src)
+    prompt = [1, 2]
+    d.begin(prompt)
+    d.draft([*prompt, *out[:5]], 8)  # a match: the copy is followed from here
+    ctx = [*prompt, *out[:12]]  # ..., 999 in place of 110, then 111 as in the source
+    assert d.draft(ctx, 5).tokens == src[12:17]
+    assert NgramDrafter(3, 12, extra=src, follow=False).draft(ctx, 5).tokens == []
+
+
+def test_a_substitution_seen_once_stops_the_draft_before_it():
+    """A token replaced once is no rule (a class renamed in code, its name kept in a
+    docstring): a draft stops before its next occurrence, neither copying nor replacing
+    it; once kept SURE (2) more times than replaced, it is copied again."""
+    src = []
+    for i in range(6):
+        src += [*range(100 + 20 * i, 119 + 20 * i), 7]
+    sevens = [i for i, t in enumerate(src) if t == 7]
+    out = list(src)
+    out[sevens[0]] = 8  # renamed once, kept after
+    d = NgramDrafter(3, 12, extra=src)
+    prompt = [1, 2]
+    d.begin(prompt)
+    assert d.draft([*prompt, *out[:5]], 8).tokens  # following the copy
+    for i in (1, 2, 3):  # replaced 1, kept i - 1 times before the i-th 7: unsure
+        pos = sevens[i - 1] + 3
+        assert d.draft([*prompt, *out[:pos]], 64).tokens == src[pos : sevens[i]]
+    pos = sevens[3] + 3  # kept 3 times, replaced once: copied as it is
+    assert d.draft([*prompt, *out[:pos]], 40).tokens == src[pos : pos + 40]

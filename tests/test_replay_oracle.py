@@ -106,3 +106,32 @@ def test_a_session_replays_with_its_memory_across_requests():
     first, second = rp.replay_session(session, CURVES["flat"], 0.5, k_max=64)
     assert "memory" not in first["accepted"]
     assert second["accepted"]["memory"] > 100 and second["memory"] > 2 * second["auto"], second
+
+
+def rename_trace(seed: int) -> dict:
+    """A 'file' of random tokens renamed densely: four names, each a token of its own,
+    every 5-15 positions, each replaced by another token throughout (as `lo` -> `low`)."""
+    rng = random.Random(seed)
+    names = {7: 17, 8: 18, 9: 19, 10: 20}
+    src, i = [], 0
+    while len(src) < 600:
+        src += [rng.randrange(1000, 5000) for _ in range(rng.randint(5, 15))]
+        src.append(rng.choice(list(names)))
+    out = [names.get(t, t) for t in src]
+    return {"prompt": [1, 2, *src, 3], "ids": out, "extra": src, "tag": "edit"}
+
+
+@pytest.mark.parametrize("curve", CURVES)
+def test_auto_drafts_a_dense_rename_in_long_runs(curve):
+    """A rename that breaks the copy every 5-15 tokens: the n-gram drafter follows the
+    copy across the renamed tokens and, once it has seen each renamed SURE times,
+    drafts through them, so auto drafts it in long runs; a drafter that loses the copy
+    at every change (follow=False) is held to the short stretches between them."""
+    tr, v = rename_trace(0), CURVES[curve]
+    plain = rp.replay(tr, NoDrafter(), v, 0.0, 1, False)
+
+    def auto(follow):
+        ng = NgramDrafter(3, 12, extra=tr["extra"], follow=follow)
+        return plain / rp.replay(tr, AutoDrafter(ng, None, rp.tuned(v, 0.0), k_max=256), v, 0.0, 256, False)
+
+    assert auto(True) > 1.3 * auto(False)

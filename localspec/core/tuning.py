@@ -70,6 +70,11 @@ OPEN_BIN_WIDTH = 64  # the last bin is open: its prior weighs as if it were this
 RUN_DECAY = 0.97  # per run reaching a bin: the last few dozen runs at each age decide
 RUN_SMOOTH = 2.0  # pseudo-runs at the prior's acceptance in each bin
 
+# --- n-gram drafting while copying a text (core/drafters/ngram.py) --------------------
+SURE = 2  # a source token the output replaced is drafted replaced (or kept) once it was so
+# this many times more than the other way: once is no rule (a class renamed in code, its
+# name kept in a docstring); till then a draft stops before it and the target decides
+
 # --- auto: the memory of earlier outputs (core/drafters/memory.py) --------------------
 MEMORY_MAX_TOKENS = 1 << 20  # a memory's default bound (texts and separators)
 MEMORY_KEEP = 0.75  # share of the bound kept when the oldest texts are dropped (drops are rare)
