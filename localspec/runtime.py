@@ -15,7 +15,7 @@ from localspec.core.backend import Model, supports_gpu_offload
 from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig, SpecMode
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
-from localspec.core.drafters.auto import AutoDrafter
+from localspec.core.drafters.auto import AutoDrafter, Learned
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.draft_model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
@@ -173,13 +173,16 @@ def make_drafter(
     batch: DraftBatch | None = None,
     memory: Memory | None = None,
     remember: bool = True,
+    learned: Learned | None = None,
 ) -> Drafter:
     """The drafter for `spec.mode`; `extra` is a second n-gram source (a file's tokens).
     `auto` uses the calibration profile of `target` (and the draft) when one exists,
     and stores the verify costs each generation measured into it. The model drafter
     drafts on the draft's sequence `seq`; with `batch` (the server's slots) its drafts
     are made together with the other slots' when the batch runs. `memory` (auto only):
-    earlier outputs to draft from; `remember`: whether this output joins it."""
+    earlier outputs to draft from; `remember`: whether this output joins it; `learned`
+    (auto only): the verify costs and copy acceptance earlier generations measured, kept
+    for later ones (the server's requests)."""
     if spec.mode is SpecMode.NONE:
         return NoDrafter()
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra)
@@ -190,7 +193,8 @@ def make_drafter(
     if spec.mode is SpecMode.AUTO:
         if target is None:
             recall = MemoryDrafter(memory, learn=remember) if memory is not None else None
-            return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max), memory=recall)
+            return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max), memory=recall,
+                               learned=learned)
         setup = setup_of(target, draft_model)
         profile = load_profile(setup, online=True)
         recall = None
@@ -202,7 +206,8 @@ def make_drafter(
             store_online_later(setup, target.name, measured, t1,
                                memory=recall.model.to_dict() if recall is not None else None)
 
-        return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max), store=store, memory=recall)
+        return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max), store=store, memory=recall,
+                           learned=learned)
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")
     return model if spec.mode is SpecMode.MODEL else HybridDrafter(ngram, model)

@@ -36,6 +36,7 @@ import numpy as np
 
 from localspec.core.backend import Model, shared_prefix
 from localspec.core.config import SamplingConfig, SpecConfig
+from localspec.core.drafters.auto import Learned
 from localspec.core.drafters.base import Drafter
 from localspec.core.drafters.draft_model import DraftBatch, DraftPhase
 from localspec.core.engine import Round, Token
@@ -108,6 +109,9 @@ class Scheduler:
         self.drafter_factory = drafter_factory
         self.draft = draft
         self.drafts = DraftBatch(draft) if draft is not None else None  # this step's model drafts
+        # auto's verify costs and copy acceptance, learned over every request: a keystroke's
+        # completion is too short to learn them anew
+        self.learned = Learned()
         self.queue: deque[Job] = deque()
         self.active: list[_Active] = []
         self.free = list(range(cfg.n_slots))  # sequence ids
@@ -255,7 +259,7 @@ class Scheduler:
         if self.drafter_factory is not None:
             return self.drafter_factory(self.cfg.spec, job.sampling, job.extra)
         return make_drafter(self.cfg.spec, job.sampling, self.draft, job.extra, self.target,
-                            seq=seq, batch=self.drafts, memory=job.memory)
+                            seq=seq, batch=self.drafts, memory=job.memory, learned=self.learned)
 
     def _limit(self) -> int | None:
         """The rule's limit now: by the active sequences' mean context when the limits

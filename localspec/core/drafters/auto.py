@@ -12,7 +12,9 @@ model when one is due (`_plan`). After the verify (`observe`): its time goes to 
 its acceptance to the source's model, what it lost against plain decoding to the budget.
 A verify size nobody measured is tried only where its worst case fits the budget
 (`_affordable`); once drafting has lost more than the budget, every draft must promise
-that much more (`deficit`). What a run measured goes to `store` at its end. The tuning
+that much more (`deficit`). What a run measured goes to `store` at its end; a caller
+that runs many short generations (the server) keeps one `Learned` across them. A round
+slower than its n one-token decodes stalled and is counted at that bound. The tuning
 constants and their reasons: core/tuning.py.
 """
 
@@ -49,7 +51,7 @@ from localspec.core.tuning import (
 )
 from localspec.profile import Profile
 
-__all__ = ["AcceptModel", "AutoDrafter", "Choice", "CostModel", "Plan", "best_k", "expected_tokens"]
+__all__ = ["AcceptModel", "AutoDrafter", "Choice", "CostModel", "Learned", "Plan", "best_k", "expected_tokens"]
 
 
 class AcceptModel:
@@ -147,6 +149,30 @@ class Tally:
     realised: float = 0.0
 
 
+class Learned:
+    """What auto learns of a machine and its traffic, carried from one generation to the
+    next by a caller that runs many short ones (the server: one per process, shared by
+    its slots): the verify times (CostModel) and how long n-gram copies lasted
+    (CopyAge's counts). A completion request is a few dozen tokens: too few rounds to
+    time the sizes and score candidate runs anew each time, so each began with three
+    plain rounds (no one-token time yet) and drafted at the prior's acceptance."""
+
+    def __init__(self) -> None:
+        self.cost: CostModel | None = None
+        self.runs: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
+
+    def costs(self, profile: Profile | None, k_max: int, learn: bool) -> CostModel:
+        """The cost model the generations share (made from `profile` for the first)."""
+        if self.cost is None or self.cost.n_max != k_max + 1 or self.cost.learn != learn:
+            self.cost = CostModel(profile, k_max, learn=learn)
+        return self.cost
+
+    def run_counts(self, copying: bool) -> tuple[np.ndarray, np.ndarray]:
+        """CopyAge's counts for generations that copy a given text (`copying`: an edit,
+        a request's `prediction`) or not: those runs last far longer."""
+        return self.runs.setdefault(copying, CopyAge.fresh_counts())
+
+
 def expected_tokens(rates: Sequence[float]) -> float:
     """E = 1 + sum_j prod_{i<=j} a_i: tokens a round yields drafting len(rates) tokens."""
     return 1.0 + float(np.cumprod(rates).sum())
@@ -161,14 +187,16 @@ class AutoDrafter(DrafterBase):
     def __init__(self, ngram: NgramSource, model: Drafter | None, profile: Profile | None,
                  k_max: int = AUTO_DRAFT_MAX, learn_costs: bool = True,
                  store: Callable[[dict[int, tuple[float, int]], float], None] | None = None,
-                 memory: MemoryDrafter | None = None) -> None:
+                 memory: MemoryDrafter | None = None, learned: Learned | None = None) -> None:
         self.ngram = ngram
         self.model = model
         self.memory = memory  # earlier outputs and the context by frequency (memory.py)
         self.k_max = k_max
-        self.cost = CostModel(profile, k_max, learn=learn_costs)
+        # `learned`: what earlier generations measured, shared with later ones
+        self.cost = (learned.costs(profile, k_max, learn_costs) if learned is not None
+                     else CostModel(profile, k_max, learn=learn_costs))
         self.sizes = grid_sizes(k_max + 1)
-        self.runs = CopyAge()
+        self.runs = CopyAge(learned.run_counts(ngram.copying) if learned is not None else None)
         self.model_acc = AcceptModel(MODEL_PRIOR, k_max)
         self.model_spent = SpentShare()
         self._model_pays: bool | None = None  # the profile's verdict, when it has one
@@ -334,6 +362,12 @@ class AutoDrafter(DrafterBase):
     def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
         plan = self._last
         t1 = self.cost.t1()
+        if n_draft and t1:
+            # a verify of n tokens costs at most n one-token decodes: a round that took
+            # longer stalled (another process had the cores), as plain rounds do too.
+            # Taken in full, one stalled round of a size tried once priced it and its
+            # neighbours out for good, and its loss shut drafting off for the whole run
+            verify_s = min(verify_s, (n_draft + 1) * t1)
         self.cost.observe_verify(n_draft + 1, verify_s)
         if n_draft and t1:  # what this round cost beyond plain decoding of the same tokens
             spent = (verify_s + draft_s) / t1

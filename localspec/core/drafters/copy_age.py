@@ -65,13 +65,19 @@ class _Track:
 class CopyAge:
     """Acceptance by run age, learned in hindsight from every n-gram candidate."""
 
-    def __init__(self) -> None:
-        self.reached = np.zeros(len(EDGES))
-        self.accepted = np.zeros(len(EDGES))
+    def __init__(self, counts: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        # (reached, accepted) by age bin, updated in place: generations given the same
+        # `counts` (a server's requests, auto.Learned) learn from each other's runs
+        self.reached, self.accepted = counts if counts is not None else self.fresh_counts()
         self.tracks: list[_Track] = []
         self.seen = 0  # context length already scored
         self._est: RunAgeEstimate | None = None
         self.prior = PRIOR
+
+    @staticmethod
+    def fresh_counts() -> tuple[np.ndarray, np.ndarray]:
+        """Counts that have seen no run yet."""
+        return np.zeros(len(EDGES)), np.zeros(len(EDGES))
 
     def reset(self, n_context: int, copying: bool = False) -> None:
         """A new generation: follow nothing yet; counts carry over (same traffic). The
