@@ -18,6 +18,9 @@ ALL_LAYERS = 999  # -ngl for "every layer": llama.cpp's idiom, more than any mod
 
 # --- the server -----------------------------------------------------------------------
 PREFILL_RESERVE = 64  # batch tokens a step keeps for prompts being prefilled beside drafts
+SLOT_COPY_MIN = 32  # prompt tokens another slot must hold beyond the chosen slot's for its
+# cells to be copied over: a copy moves the slot's whole KV stream, ~2.5 prefill tokens'
+# time for SmolLM2-135M on 2 EPYC cores (less for larger models), so 32 leaves a margin
 
 # --- auto: the policy (core/drafters/auto.py) ----------------------------------------
 ACCEPT_DECAY = 0.98  # per observation: old traffic fades, recent traffic decides

@@ -42,6 +42,8 @@ class Metrics:
         self.step_seconds = 0.0
         self.batch_tokens = 0
         self.prefill_tokens = 0
+        self.slot_copies = 0  # prompt starts copied from another slot's cells (serve/slots.py)
+        self.copied_tokens = 0
         self.spec_toggles = 0
         self.request_seconds = 0.0
         self.ttft_seconds = 0.0
@@ -131,6 +133,12 @@ class Metrics:
             return {"requests": self.finished, "generated_tokens": self.generated_tokens,
                     "decode_tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else None,
                     "ttft_s": round(self.ttft_seconds / self.finished, 3) if self.finished else None}
+
+    def slot_copied(self, n_tokens: int) -> None:
+        """A request's first n_tokens prompt tokens were copied from another slot."""
+        with self._lock:
+            self.slot_copies += 1
+            self.copied_tokens += n_tokens
 
     def toggled(self) -> None:
         with self._lock:
@@ -235,6 +243,8 @@ COUNTERS = (
     ("step_seconds_total", "step_seconds", "Time inside batched decode steps."),
     ("batch_tokens_total", "batch_tokens", "Tokens decoded in steps (all sequences, drafts, prefill)."),
     ("prefill_tokens_total", "prefill_tokens", "Prompt tokens decoded."),
+    ("slot_copies_total", "slot_copies", "Prompt starts copied from another slot's KV cells."),
+    ("copied_prompt_tokens_total", "copied_tokens", "Prompt tokens copied so (not prefilled)."),
     ("speculation_toggles_total", "spec_toggles", "Times the batch-size rule switched speculation."),
     ("request_seconds_total", "request_seconds", "Admission to end, summed over finished requests."),
     ("time_to_first_token_seconds_total", "ttft_seconds", "Admission to first token, summed."),

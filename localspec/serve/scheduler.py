@@ -41,12 +41,13 @@ from localspec.core.drafters.base import Drafter
 from localspec.core.drafters.draft_model import DraftBatch, DraftPhase
 from localspec.core.engine import Round, Token
 from localspec.core.events import StopReason
-from localspec.core.tuning import PREFILL_RESERVE
+from localspec.core.tuning import PREFILL_RESERVE, SLOT_COPY_MIN
 from localspec.runtime import make_drafter
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.metrics import Metrics
 from localspec.serve.defaults import BatchLimits
 from localspec.serve.sequence import SeqState
+from localspec.serve.slots import place
 
 log = logging.getLogger("localspec.serve")
 
@@ -61,6 +62,7 @@ class SchedulerConfig:
     spec_limits: BatchLimits | None = None
     prefill_chunk: int = 256
     cache_reuse: int = 0  # --cache-reuse N: move cached runs of >= N tokens (KV shifting); 0: off
+    slot_copy: bool = True  # copy a prompt's start from another slot that holds more of it
 
 
 @dataclass
@@ -235,15 +237,22 @@ class Scheduler:
             job = self.queue.popleft()
             if job.cancelled.is_set():
                 continue
-            # the free slot that holds the longest start of this prompt (prefilled already)
-            held = [shared_prefix(self.target.seq_tokens(s), job.prompt) for s in self.free]
-            best = held.index(max(held))
-            seq = self.free.pop(best)
+            # busy ids kept in few runs (one ubatch each), the longest start of the prompt
+            # reused, copied from another slot when one holds more (serve/slots.py)
+            where = place(self.free, (a.state.seq for a in self.active),
+                          lambda s: shared_prefix(self.target.seq_tokens(s), job.prompt),
+                          lambda s: len(self.target.seq_tokens(s)), self.cfg.n_slots,
+                          SLOT_COPY_MIN if self.cfg.slot_copy else 0)
+            seq = where.slot
+            self.free.remove(seq)
             job.slot = seq
             job.task = next(self._tasks)
             try:
+                if where.source is not None:
+                    self.target.copy_seq(where.source, seq)
+                    self.metrics.slot_copied(where.held)
                 if self.cfg.cache_reuse > 0:  # the rest of the prompt may be further on in the slot
-                    held[best] = self.target.reuse_chunks(seq, job.prompt, held[best], self.cfg.cache_reuse)
+                    self.target.reuse_chunks(seq, job.prompt, where.held, self.cfg.cache_reuse)
                 self._free_draft(seq)  # whatever the slot's last user left
                 drafter = self._drafter(job, seq)
                 state = SeqState(self.target, seq, job.prompt, drafter, sampling=job.sampling,
