@@ -284,7 +284,8 @@ def test_a_learned_rename_is_drafted_through():
 
 def test_a_copy_resumes_right_after_a_substitution():
     """After the output puts one token in place of a source token and goes on with the
-    source, the next draft copies on from there (no waiting for ngram_min new tokens)."""
+    source, the next draft copies on from there (no waiting for ngram_min new tokens),
+    and the copy keeps its age: auto weighs it as the long copy it is, not a new match."""
     src = list(range(100, 140))
     out = src[:10] + [999] + src[11:]
     d = NgramDrafter(3, 12, extra=src)
@@ -292,7 +293,9 @@ def test_a_copy_resumes_right_after_a_substitution():
     d.begin(prompt)
     d.draft([*prompt, *out[:5]], 8)  # a match: the copy is followed from here
     ctx = [*prompt, *out[:12]]  # ..., 999 in place of 110, then 111 as in the source
-    assert d.draft(ctx, 5).tokens == src[12:17]
+    resumed = d.draft(ctx, 5)
+    assert resumed.tokens == src[12:17]
+    assert resumed.run_len == 12  # the copy's age goes on across the substitution
     assert NgramDrafter(3, 12, extra=src, follow=False).draft(ctx, 5).tokens == []
 
 

@@ -65,15 +65,17 @@ class _Index:
 
 class _Follow:
     """The copy being followed: `index` holds the source, `q` is the source position of
-    the next output token, `run` how many output tokens have agreed with it since it
-    last broke (learned substitutions agreeing), `pending` a mismatch (source token,
-    output token) that the next output token confirms as a substitution or not."""
+    the next output token, `run` how many output tokens have agreed with it (learned
+    substitutions agreeing; a substitution the next token confirms keeps the run, so
+    the copy resumed after a rename is as old as it was: auto drafts it long at once),
+    `pending` a mismatch (source token, output token) not confirmed yet."""
 
-    __slots__ = ("index", "q", "run", "pending")
+    __slots__ = ("index", "q", "run", "pending", "held")
 
     def __init__(self, index: _Index, q: int, run: int) -> None:
         self.index, self.q, self.run = index, q, run
         self.pending: tuple[int, int] | None = None
+        self.held = 0  # the run before the pending mismatch
 
 
 class _Substitutions:
@@ -168,14 +170,14 @@ class NgramDrafter(DrafterBase):
             return
         src = f.index.tokens[f.q]
         if tok == src or tok in self.subs.replaced.get(src, ()):
-            if f.pending is not None:  # the output went on with the source: a substitution
-                self.subs.learn(*f.pending)
-                f.pending = None
+            if f.pending is not None:  # the output went on with the source: a substitution,
+                self.subs.learn(*f.pending)  # and the copy goes on: its run with it
+                f.pending, f.run = None, f.held + 1
             self.subs.learn(src, tok)
             f.q += 1
             f.run += 1
         elif f.pending is None:  # taken for one token in place of one: resume after it
-            f.pending = (src, tok)
+            f.pending, f.held = (src, tok), f.run
             f.q += 1
             f.run = 0
         else:  # not a one-for-one substitution: the n-gram lookup finds the copy again
