@@ -35,6 +35,13 @@ Sessions (localspec/bench/sessions.py) replay with the memory across their reque
     python scripts/replay_policy.py sessions s.json --curve cpu.json   # per request: auto, memory
 
     python scripts/replay_policy.py synth traces.json --prompts edits.jsonl
+    python scripts/replay_policy.py rounds traces.json --curve cpu.json [--fresh]
+
+`rounds` prints auto's rounds beside the n-gram oracle's (bench.replay.rounds_against_oracle):
+where each round stood, what it drafted, what was accepted and what the oracle's drafter
+would have had accepted, and its regret (what it lost against the oracle), summed by
+kind: drafts too long (rejected before their end), cut short (all accepted, the copy went
+on), plain rounds where the n-gram had a match.
 
 `synth` writes edit traces without decoding: each task of the JSONL names, beside "file"
 and "instruction", an "after" file (the edit done right, relative to the JSONL); the
@@ -138,6 +145,39 @@ def report_sessions(paths: list[str], v: list[float], c: float, args) -> None:
                   f"  from 3: {_gm(later) if later else float('nan'):.2f}x")
 
 
+def report_rounds(paths: list[str], v: list[float], c: float, args) -> None:
+    """Per trace (edits only, n-gram only, the largest --k-max): auto's rounds that lost
+    against the oracle, then its regret by kind of round."""
+    from localspec.bench.replay import rounds_against_oracle, tuned
+    from localspec.core.drafters import NgramDrafter
+    from localspec.core.drafters.auto import AutoDrafter
+
+    k = max(args.k_max)
+    for path in paths:
+        with open(path) as f:
+            traces = [tr for tr in json.load(f) if tr["tag"] == "edit"]
+        for tr in traces:
+            def ng(tr=tr):
+                return NgramDrafter(*args.edit_ngram, extra=tr["extra"])
+            profile = None if args.fresh else tuned(args.tuned_v or v, c)
+            rows = rounds_against_oracle(tr, AutoDrafter(ng(), None, profile, k_max=k), ng(), v, c, k)
+            plain = (len(tr["ids"]) - 1) * v[0]
+            spent = sum(v[r["drafted"]] for r in rows)
+            print(f"{tr['name']}: auto {plain / spent:.2f}x, oracle {plain / (spent - sum(r['regret'] for r in rows)):.2f}x, "
+                  f"{len(rows)} rounds")
+            kinds: dict[str, list[float]] = {}
+            for r in rows:
+                kind = ("plain, a match there" if not r["drafted"] and r["oracle"] else "plain, no match"
+                        if not r["drafted"] else "too long" if r["accepted"] < r["drafted"]
+                        else "cut short" if r["oracle"] > r["drafted"] else "right")
+                kinds.setdefault(kind, []).append(r["regret"])
+                if r["regret"] > 0.05 and args.verbose:
+                    print(f"  pos {r['pos']:5d} age {r['age']:4d} drafted {r['drafted']:4d} accepted {r['accepted']:4d}"
+                          f"  oracle's drafter {r['oracle']:4d}  regret {r['regret']:5.2f}")
+            for kind, regrets in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
+                print(f"  {kind:22} {len(regrets):4d} rounds, regret {sum(regrets):6.1f} one-token times")
+
+
 def _gm(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -188,7 +228,7 @@ def measure_curve(path: str, target: str, n_max: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("action", choices=("record", "synth", "vcurve", "replay", "record-sessions", "sessions"))
+    ap.add_argument("action", choices=("record", "synth", "vcurve", "replay", "rounds", "record-sessions", "sessions"))
     ap.add_argument("traces", nargs="+", help="trace files (vcurve: the output file)")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
@@ -217,6 +257,8 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5, help="noise seeds averaged (with --noise)")
     ap.add_argument("--edit-ngram", type=lambda s: tuple(int(x) for x in s.split(",")),
                     default=(3, 12), help="n-gram sizes for edits (min,max), as `localspec edit`")
+    ap.add_argument("--fresh", action="store_true", help="rounds: auto with no profile (a first run)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="rounds: every round that lost")
     ap.add_argument("--bound", action="store_true", help="also report the n-gram oracle's "
                     "speedup (drafts exactly the prefix the target accepts, cut at the "
                     "curve's cheap points: no policy with this drafter does better) and a "
@@ -238,6 +280,9 @@ def main() -> int:
     c = args.c if args.c is not None else (profile.c or 0.5)
     v = true_curve(args.curve, max([*args.k_max, *FIXED_K]) + 2, profile)
     args.tuned_v = true_curve(args.tuned_curve, len(v), None) if args.tuned_curve else None
+    if args.action == "rounds":
+        report_rounds(args.traces, v, c, args)
+        return 0
     if args.action == "sessions":
         print("V(n): " + ", ".join(f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 16, 32, 64) if n <= len(v)))
         report_sessions(args.traces, v, c, args)

@@ -135,3 +135,22 @@ def test_auto_drafts_a_dense_rename_in_long_runs(curve):
         return plain / rp.replay(tr, AutoDrafter(ng, None, rp.tuned(v, 0.0), k_max=256), v, 0.0, 256, False)
 
     assert auto(True) > 1.3 * auto(False)
+
+
+@pytest.mark.parametrize("curve", CURVES)
+def test_rounds_against_the_oracle_add_up_to_the_gap(curve):
+    """rounds_against_oracle replays auto as `replay` does (same rounds, same time) and
+    its per-round regrets add up to auto's time less the oracle's."""
+    tr, v = edit_trace(1), CURVES[curve]
+
+    def ng():
+        return NgramDrafter(3, 12, extra=tr["extra"])
+
+    def auto():
+        return AutoDrafter(ng(), None, rp.tuned(v, 0.0), k_max=64)
+
+    rows = rp.rounds_against_oracle(tr, auto(), ng(), v, 0.0, 64)
+    spent = sum(v[r["drafted"]] for r in rows)
+    assert spent == pytest.approx(rp.replay(tr, auto(), v, 0.0, 64, False))
+    assert sum(r["regret"] for r in rows) == pytest.approx(spent - rp.oracle(tr, ng(), v, 64))
+    assert sum(r["accepted"] + 1 for r in rows) == len(tr["ids"]) - 1

@@ -89,6 +89,13 @@ def oracle(trace: dict, drafter, v: list[float], k_max: int, perfect: bool = Fal
     prefix, cut where the curve is cheapest (dynamic programming over the output).
     `perfect`: a drafter that always proposes the target's own continuation (the cap of
     speculative decoding itself on this curve)."""
+    return oracle_plan(trace, drafter, v, k_max, perfect)[1][1]
+
+
+def oracle_plan(trace: dict, drafter, v: list[float], k_max: int,
+                perfect: bool = False) -> tuple[list[int], list[float]]:
+    """`oracle`'s tables: accept[i], how much of `drafter`'s draft at output position i
+    the target accepts, and cost[i], the oracle's least time from position i on."""
     ids = trace["ids"]
     n = len(ids)
     accept = [n - 1 - i for i in range(n)] if perfect else [0] * n
@@ -105,7 +112,37 @@ def oracle(trace: dict, drafter, v: list[float], k_max: int, perfect: bool = Fal
     cost = [0.0] * (n + 1)
     for i in range(n - 1, 0, -1):
         cost[i] = min(v[m] + cost[i + m + 1] for m in range(min(accept[i], k_max) + 1))
-    return cost[1]
+    return accept, cost
+
+
+def rounds_against_oracle(trace: dict, drafter, oracle_drafter, v: list[float], c: float,
+                          k_max: int) -> list[dict]:
+    """Each round of `drafter` (auto) beside the n-gram oracle: where it stood (pos), what
+    it drafted and got accepted, what the oracle's drafter would have had accepted
+    there, and its regret: the round's time plus the oracle's least time from where it
+    ended, less the oracle's least time from where it began. The regrets add up to the
+    run's time less the oracle's, so they show where a policy loses (drafts too long
+    after a change, cut short in a long copy, plain rounds where a match was)."""
+    accept, best = oracle_plan(trace, oracle_drafter, v, k_max)
+    ids = trace["ids"]
+    drafter.begin(trace["prompt"])
+    tokens, done, out = [*trace["prompt"], ids[0]], 1, []
+    while done < len(ids):
+        k = min(k_max, len(ids) - done - 1)
+        d = drafter.draft(tokens, k) if k > 0 else Draft()
+        n = len(d.tokens[:k])
+        a = 0
+        while a < n and d.tokens[a] == ids[done + a]:
+            a += 1
+        spent = v[n] + (n * c if d.source == "model" else 0.0)
+        out.append({"pos": done, "drafted": n, "accepted": a, "oracle": accept[done],
+                    "age": max(getattr(d, "run_len", 0), getattr(d, "match_len", 0)),
+                    "regret": spent + best[done + a + 1] - best[done]})
+        drafter.observe(n, a, spent, n * c if d.source == "model" else 0.0)
+        tokens += ids[done : done + a + 1]
+        done += a + 1
+    drafter.end()
+    return out
 
 
 
