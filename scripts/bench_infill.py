@@ -23,6 +23,8 @@ script's docstring says how to build it); without one only localspec runs.
 
     python scripts/bench_infill.py [--model qwen2.5-coder-0.5b] [--cuts 8] [--budgets 500,0]
         [--llama-server PATH] [--types ngram-simple,ngram-map-k] [--json out.json]
+        [--also before=/path/to/an/older/checkout]
+    python scripts/bench_infill.py --report out.json   # the table of a saved run
 """
 
 from __future__ import annotations
@@ -113,16 +115,25 @@ def infill(port: int, body: dict) -> dict:
 class Localspec:
     """`localspec serve` on a free port, for a `with` block."""
 
-    def __init__(self, model: str, ctx: int, threads: int, spec: str, log_dir: Path) -> None:
+    def __init__(self, model: str, ctx: int, threads: int, spec: str, log_dir: Path, name: str = "",
+                 code: str | None = None) -> None:
+        """`code`: the checkout to run (PYTHONPATH), else this one. Each server keeps its
+        state (the profile auto stores what it measured in) in a fresh folder: every run
+        starts from no profile."""
         self.port = free_port()
-        self.log = log_dir / f"localspec-{spec}.log"
+        self.log = log_dir / f"localspec-{name or spec}.log"
+        self.env = {**os.environ, "LOCALSPEC_HOME": str(log_dir / f"home-{name or spec}")}
+        self.cwd = code  # `python -m` puts the working directory first on sys.path
+        if code is not None:
+            self.env["PYTHONPATH"] = code
         self.cmd = [sys.executable, "-m", "localspec", "serve", "-m", model, "--port", str(self.port),
                     "-np", "1", "-c", str(ctx), "-t", str(threads), "--spec", spec, "--draft", "none", "--no-log",
                     "--max-tokens-limit", "4096"]
 
     def __enter__(self) -> Localspec:
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         cwd=self.cwd)
         for _ in range(600):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"localspec serve exited; see {self.log}")
@@ -147,6 +158,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--cuts", type=int, default=8)
+    ap.add_argument("--skip", type=int, default=0, help="leave out the first SKIP cuts (a run in parts)")
     ap.add_argument("--budgets", default="500,0", help="t_max_predict_ms values (0: unlimited)")
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("--n-prefix", type=int, default=64, help="lines above the cursor (llama.vim: 256)")
@@ -161,10 +173,18 @@ def main() -> None:
     ap.add_argument("--draft-n", type=int, default=16)
     ap.add_argument("--server-args", default="")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=CHECKOUT",
+                    help="one more `localspec serve --spec auto`, run from another checkout (e.g. "
+                         "before a change), side by side with the others")
+    ap.add_argument("--report", default=None, metavar="JSON", help="print the table of a saved run")
     args = ap.parse_args()
-    path = models.resolve(args.model, role="target")
     budgets = [int(b) for b in args.budgets.split(",")]
-    work = cuts(args.cuts, args.n_prefix, args.n_suffix, args.chunks, args.seed)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        report({k: {int(b): rows for b, rows in v.items()} for k, v in saved.items()}, budgets)
+        return
+    path = models.resolve(args.model, role="target")
+    work = cuts(args.skip + args.cuts, args.n_prefix, args.n_suffix, args.chunks, args.seed)[args.skip:]
     exe = None if args.no_llama_server else find_server_or_none(args.llama_server)
     log_dir = Path(tempfile.mkdtemp(prefix="bench_infill-"))
     results: dict[str, dict[int, list[dict]]] = {}
@@ -173,6 +193,10 @@ def main() -> None:
         for spec in ("none", "auto"):
             servers[f"localspec {spec}"] = stack.enter_context(
                 Localspec(str(path), args.ctx, args.threads, spec, log_dir)).port
+        for also in args.also:
+            name, _, code = also.partition("=")
+            servers[f"localspec auto {name}"] = stack.enter_context(
+                Localspec(str(path), args.ctx, args.threads, "auto", log_dir, name, code)).port
         if exe is not None:
             args.ctx, args.threads = args.ctx, args.threads  # compare_llama_server's Server reads these
             args.server_args = f"-b 2048 {args.server_args}"
@@ -190,9 +214,9 @@ def main() -> None:
                     r = infill(port, llama_vim(cut, budget, args.n_predict))
                     results.setdefault(label, {}).setdefault(budget, []).append({"cut": cut["name"], **r})
             print(f"cut {i + 1}/{len(work)} {cut['name']}", file=sys.stderr)
+            if args.json:  # after every cut: a run cut short still leaves what it measured
+                Path(args.json).write_text(json.dumps(results, indent=1))
     report(results, budgets)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 def find_server_or_none(given: str | None) -> Path | None:
@@ -204,31 +228,42 @@ def find_server_or_none(given: str | None) -> Path | None:
 
 
 def report(results: dict, budgets: list[int]) -> None:
+    """Per server and budget: tokens per request; their ratio (per cut, geometric mean) to
+    plain llama-server's, to its best speculative setting's, and to the same tool's own
+    plain decoding ("own": localspec none, llama-server plain); the cuts where it gave
+    fewer tokens than its own plain run; latencies; texts equal to plain llama-server's
+    and to its own plain run's (last budget); draft acceptance."""
     labels = list(results)
     plain = "llama-server plain" if "llama-server plain" in results else "localspec none"
-    ref_text = {r["cut"]: r["text"] for r in results[plain][budgets[-1]]}
-    print(f"{'server':32} {'budget':>6} {'tok/req':>8} {'vs plain':>9} {'vs best ls':>10} {'worse cuts':>10} "
-          f"{'first s':>8} {'end s':>7} {'same text':>9} {'accept':>7}")
+    own_of = lambda label: "localspec none" if label.startswith("localspec") else "llama-server plain"
+    ref_text = {lab: {r["cut"]: r["text"] for r in results[lab][budgets[-1]]} for lab in {plain, *map(own_of, labels)}
+                if lab in results}
+    print(f"{'server':30} {'budget':>6} {'tok/req':>8} {'vs plain':>9} {'vs best ls':>10} {'vs own':>7} "
+          f"{'worse own':>9} {'first s':>8} {'end s':>7} {'same':>5} {'same own':>8} {'accept':>7}")
+    ratio = lambda rows, base: geomean([r["tokens"] / b["tokens"] for r, b in zip(rows, base) if b["tokens"]])
     for budget in budgets:
         spec_ls = [k for k in labels if k.startswith("llama-server") and k != "llama-server plain"]
         for label in labels:
             rows = results[label][budget]
-            base = results[plain][budget]
-            ratios = [r["tokens"] / b["tokens"] for r, b in zip(rows, base) if b["tokens"]]
+            own = results[own_of(label)][budget] if own_of(label) in results else rows
             best = None
             if spec_ls:
                 best_label = max(spec_ls, key=lambda k: sum(r["tokens"] for r in results[k][budget]))
-                best = geomean([r["tokens"] / b["tokens"] for r, b in zip(rows, results[best_label][budget])
-                                if b["tokens"]])
-            worse = sum(1 for r, b in zip(rows, base) if r["tokens"] < b["tokens"])
-            same = sum(1 for r in rows if r["text"] == ref_text.get(r["cut"])) if budget == budgets[-1] else None
+                best = ratio(rows, results[best_label][budget])
+            worse = sum(1 for r, b in zip(rows, own) if r["tokens"] < b["tokens"])
+            last = budget == budgets[-1]
+            same = sum(1 for r in rows if r["text"] == ref_text[plain].get(r["cut"])) if last else None
+            same_own = (sum(1 for r in rows if r["text"] == ref_text[own_of(label)].get(r["cut"]))
+                        if last and own_of(label) in ref_text else None)
             drafted = sum(r["drafted"] for r in rows)
             acc = sum(r["accepted"] for r in rows) / drafted if drafted else 0.0
             n = len(rows)
-            print(f"{label:32} {budget or 'none':>6} {sum(r['tokens'] for r in rows) / n:8.1f} "
-                  f"{(geomean(ratios) or 0):8.2f}x {(f'{best:.2f}x' if best else '-'):>10} {worse:>10} "
+            fmt = lambda x: f"{x}/{n}" if x is not None else "-"
+            print(f"{label:30} {budget or 'none':>6} {sum(r['tokens'] for r in rows) / n:8.1f} "
+                  f"{(ratio(rows, results[plain][budget]) or 0):8.2f}x {(f'{best:.2f}x' if best else '-'):>10} "
+                  f"{(ratio(rows, own) or 0):6.2f}x {worse:>9} "
                   f"{sum(r['first_s'] for r in rows) / n:8.2f} {sum(r['end_s'] for r in rows) / n:7.2f} "
-                  f"{('-' if same is None else f'{same}/{n}'):>9} {acc:7.2f}")
+                  f"{fmt(same):>5} {fmt(same_own):>8} {acc:7.2f}")
 
 
 if __name__ == "__main__":
