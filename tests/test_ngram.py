@@ -318,3 +318,57 @@ def test_a_substitution_seen_once_stops_the_draft_before_it():
         assert d.draft([*prompt, *out[:pos]], 64).tokens == src[pos : sevens[i]]
     pos = sevens[3] + 3  # kept 3 times, replaced once: copied as it is
     assert d.draft([*prompt, *out[:pos]], 40).tokens == src[pos : pos + 40]
+
+
+def insert_file(seed: int = 0, sites: int = 8, every: int = 20):
+    """A 'file' where the pair (5, 6) comes every `every` tokens, and the output of an
+    edit that writes 90, 91 between them at every site (a type hint after a parameter)."""
+    rng = random.Random(seed)
+    src, out = [], []
+    for _ in range(sites):
+        body = [rng.randrange(1000, 100000) for _ in range(every - 2)]
+        src += [*body, 5, 6]
+        out += [*body, 5, 90, 91, 6]
+    return src, out
+
+
+def test_a_repeated_insertion_is_learned_and_drafted_through():
+    """A change longer than one for one (two tokens inserted between 5 and 6) is learned
+    where the output goes on with the source after it; once made SURE (2) times, drafts
+    from the copy write it in: a draft spans a site ahead. Before that, the copy resumes
+    as old as it was once the output is back on the source."""
+    src, out = insert_file()
+    prompt = [1, 2]
+    d = NgramDrafter(3, 12, extra=src)
+    rounds = copy_rounds(d, prompt, out)
+    off = copy_rounds(NgramDrafter(3, 12, extra=src, follow=False), prompt, out)
+    assert max(off) < 22  # the copy breaks at every site
+    assert max(rounds) >= 60  # three sites in one draft
+    assert len(rounds) < len(off) / 2
+    # a fresh drafter after two sites: the draft at the third writes the insertion
+    d = NgramDrafter(3, 12, extra=src)
+    d.begin(prompt)
+    d.draft([*prompt, *out[:5]], 8)
+    third = 2 * 22  # output position of the third site's body
+    draft = d.draft([*prompt, *out[:third + 5]], 30).tokens
+    assert draft == out[third + 5 : third + 35]
+
+
+def test_a_rule_kept_against_is_dropped():
+    """Where the output keeps the source at a rule's place SURE (2) times more often than
+    it made the change, drafts copy the source there again."""
+    src, changed = insert_file(sites=8)
+    out = changed[: 2 * 22] + src[2 * 20 :]  # inserted at two sites, kept at the rest
+    d = NgramDrafter(3, 12, extra=src)
+    prompt = [1, 2]
+    d.begin(prompt)
+    d.draft([*prompt, *out[:5]], 8)
+    # sites 3 and 4 (kept): the rule (made twice) is sure there, the draft writes it in
+    pos = 2 * 22 + 5
+    assert 90 in d.draft([*prompt, *out[:pos]], 30).tokens
+    for site in (3, 4, 5):  # kept 1-3 times, made twice: unsure, the draft stops before it
+        pos = 2 * 22 + (site - 2) * 20 + 5
+        assert d.draft([*prompt, *out[:pos]], 30).tokens == out[pos : pos + 14]
+    pos = 2 * 22 + 4 * 20 + 5  # kept a fourth time: dropped, the source is copied as it is
+    draft = d.draft([*prompt, *out[:pos]], 30).tokens
+    assert draft == out[pos : pos + 30] and 90 not in draft

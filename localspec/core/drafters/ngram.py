@@ -9,9 +9,11 @@ then goes on with the source after it (a rename: `lo` becomes `low`), the copy i
 again from there at once, without waiting for ngram_min new tokens to match, and the
 substitution is learned: later drafts copy the source with it applied, once the output
 has replaced that source token SURE times more often than kept it (till then a draft
-stops before it). A draft copies past a change site seen before into the unchanged
-stretch behind it. The target verifies every draft, so this changes only
-what is proposed."""
+stops before it). A longer change (tokens inserted, or a few replaced by others) is
+learned the same way where the output goes on with the source after it (`_Rules`: what
+was written in place of what, between which two source tokens). A draft copies past a
+change site seen before into the unchanged stretch behind it. The target verifies every
+draft, so this changes only what is proposed."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from localspec.core.drafters.base import Draft, DrafterBase
-from localspec.core.tuning import SURE
+from localspec.core.tuning import REWRITE_SPAN, SURE
 
 RUN_CAP = 1024  # how far back a match is extended to measure the run it continues
 
@@ -70,12 +72,16 @@ class _Follow:
     the copy resumed after a rename is as old as it was: auto drafts it long at once),
     `pending` a mismatch (source token, output token) not confirmed yet."""
 
-    __slots__ = ("index", "q", "run", "pending", "held")
+    __slots__ = ("index", "q", "run", "pending", "held", "changed", "q0")
 
     def __init__(self, index: _Index, q: int, run: int) -> None:
         self.index, self.q, self.run = index, q, run
         self.pending: tuple[int, int] | None = None
         self.held = 0  # the run before the pending mismatch
+        # a change longer than one for one: the output's tokens since it began at source
+        # position q0, until the output goes on with the source (`_Rules`)
+        self.changed: list[int] | None = None
+        self.q0 = 0
 
 
 class _Substitutions:
@@ -100,17 +106,6 @@ class _Substitutions:
             return out
         return token if kept >= n + SURE else None
 
-    def copy(self, tokens: Sequence[int]) -> list[int]:
-        """`tokens` of the source as the output is expected to write them, up to the
-        first unsure one."""
-        out = []
-        for t in tokens:
-            u = self(t)
-            if u is None:
-                break
-            out.append(u)
-        return out
-
     def learn(self, source: int, output: int) -> None:
         if source == output:
             if source in self.replaced:
@@ -118,6 +113,52 @@ class _Substitutions:
             return
         seen = self.replaced.setdefault(source, {})
         seen[output] = seen.get(output, 0) + 1
+
+
+class _Rule:
+    """Between source token `a` and `b`, the output writes `y` in place of `s`."""
+
+    __slots__ = ("s", "b", "y", "seen", "kept")
+
+    def __init__(self, s: tuple[int, ...], b: int, y: tuple[int, ...]) -> None:
+        self.s, self.b, self.y, self.seen, self.kept = s, b, y, 1, 0
+
+    @property
+    def sure(self) -> bool:
+        return self.seen >= self.kept + SURE
+
+    @property
+    def dropped(self) -> bool:
+        return self.kept >= self.seen + SURE
+
+
+class _Rules:
+    """Changes longer than one token for one (an inserted parameter type, a field added
+    to every line of a JSON list, a name grown by two tokens), learned where the output
+    goes on with the source after one (at most REWRITE_SPAN source tokens on), keyed by
+    the source token before them, with how often each was made and how often the source
+    was kept where it could have been."""
+
+    def __init__(self) -> None:
+        self.by_left: dict[int, list[_Rule]] = {}
+
+    def at(self, src: Sequence[int], p: int) -> _Rule | None:
+        """The rule made most often that fits source position p, unless dropped."""
+        best = None
+        for r in self.by_left.get(src[p - 1], ()) if p > 0 else ():
+            end = p + len(r.s)
+            if (not r.dropped and end < len(src) and src[end] == r.b
+                    and tuple(src[p:end]) == r.s and (best is None or r.seen > best.seen)):
+                best = r
+        return best
+
+    def learn(self, a: int, s: tuple[int, ...], b: int, y: tuple[int, ...]) -> None:
+        rules = self.by_left.setdefault(a, [])
+        for r in rules:
+            if (r.s, r.b, r.y) == (s, b, y):
+                r.seen += 1
+                return
+        rules.append(_Rule(s, b, y))
 
 
 class NgramDrafter(DrafterBase):
@@ -139,6 +180,7 @@ class NgramDrafter(DrafterBase):
         self.ctx = _Index(self.sizes)
         self.follow = follow  # follow the copy of `extra` across changes (module docstring)
         self.subs = _Substitutions()
+        self.rules = _Rules()
         self._follow: _Follow | None = None
 
     @property
@@ -165,23 +207,66 @@ class NgramDrafter(DrafterBase):
         f = self._follow
         if f is None:
             return
-        if f.q >= len(f.index.tokens):
+        src = f.index.tokens
+        if f.changed is not None:
+            self._changing(f, tok)
+            return
+        if f.q >= len(src):
             self._follow = None
             return
-        src = f.index.tokens[f.q]
-        if tok == src or tok in self.subs.replaced.get(src, ()):
+        if tok == src[f.q] and f.pending is None and (r := self.rules.at(src, f.q)) is not None:
+            r.kept += 1  # a rule's place, where the output kept the source
+        if tok == src[f.q] or tok in self.subs.replaced.get(src[f.q], ()):
             if f.pending is not None:  # the output went on with the source: a substitution,
                 self.subs.learn(*f.pending)  # and the copy goes on: its run with it
                 f.pending, f.run = None, f.held + 1
-            self.subs.learn(src, tok)
+            self.subs.learn(src[f.q], tok)
             f.q += 1
             f.run += 1
         elif f.pending is None:  # taken for one token in place of one: resume after it
-            f.pending, f.held = (src, tok), f.run
+            f.pending, f.held = (src[f.q], tok), f.run
             f.q += 1
             f.run = 0
-        else:  # not a one-for-one substitution: the n-gram lookup finds the copy again
+        else:  # more than one for one: watch for the output going on with the source
+            f.changed, f.q0, f.pending = [f.pending[1], tok], f.q - 1, None
+
+    def _changing(self, f: _Follow, tok: int) -> None:
+        """A change longer than one for one goes on, or ends where the output's last two
+        tokens go on with the source at most REWRITE_SPAN tokens after where it began:
+        then it is learned as a rule and the copy goes on, as old as it was. Past
+        REWRITE_SPAN + 2 output tokens the n-gram lookup has to find the copy again."""
+        src, out = f.index.tokens, f.changed
+        out.append(tok)
+        for m in range(min(REWRITE_SPAN, len(src) - f.q0 - 2) + 1):
+            p = f.q0 + m
+            if out[-2] == src[p] and out[-1] == src[p + 1]:
+                if f.q0 > 0:
+                    self.rules.learn(src[f.q0 - 1], tuple(src[f.q0 : p]), src[p], tuple(out[:-2]))
+                f.q, f.run, f.changed = p + 2, f.held + len(out), None
+                return
+        if len(out) > REWRITE_SPAN + 2:
             self._follow = None
+
+    def _copy(self, src: Sequence[int], p: int, k: int) -> list[int]:
+        """Up to k tokens of `src` from p as the output is expected to write them: the
+        learned rules and substitutions applied, up to the first unsure one."""
+        out: list[int] = []
+        ruled = -1  # where a rule was just applied (an insertion stays at its position)
+        while len(out) < k and p < len(src):
+            r = self.rules.at(src, p) if p != ruled else None
+            if r is not None:
+                if not r.sure:
+                    break
+                out += r.y
+                p += len(r.s)
+                ruled = p
+                continue
+            u = self.subs(src[p])
+            if u is None:
+                break
+            out.append(u)
+            p += 1
+        return out[:k]
 
     def draft(self, context: Sequence[int], k: int) -> NgramDraft:
         self._sync(context)
@@ -191,19 +276,19 @@ class NgramDrafter(DrafterBase):
         found = self._lookup(context, sub)
         f = self._follow
         if sub is not None and f is not None and f.q < len(f.index.tokens) and (
-                found is None or f.run >= found[3]) and f.pending is None:
+                found is None or f.run >= found[3]) and f.pending is None and f.changed is None:
             # the copy followed has held at least as long as the match (or there is none:
             # the output changed a token, and the next went on with the source after it)
-            tokens = sub.copy(f.index.tokens[f.q : f.q + k])
+            tokens = self._copy(f.index.tokens, f.q, k)
             return NgramDraft(tokens=tokens, source=self.name, run_len=f.run)
         if found is None:
             return NgramDraft(source=self.name)
         index, start, n, run = found
         tokens = index.tokens[start : start + k]
         if sub is not None:
-            if f is None or f.index is not index or f.q != start:
+            if f is None or (f.changed is None and (f.index is not index or f.q != start)):
                 self._follow = _Follow(index, start, run)
-            tokens = sub.copy(tokens)
+            tokens = self._copy(index.tokens, start, k)
         return NgramDraft(tokens=list(tokens), source=self.name, match_len=n, run_len=run)
 
     def _lookup(self, context: Sequence[int], sub) -> tuple[_Index, int, int, int] | None:
