@@ -174,6 +174,7 @@ def make_drafter(
     memory: Memory | None = None,
     remember: bool = True,
     learned: Learned | None = None,
+    costs: Profile | None = None,
 ) -> Drafter:
     """The drafter for `spec.mode`; `extra` is a second n-gram source (a file's tokens).
     `auto` uses the calibration profile of `target` (and the draft) when one exists,
@@ -182,7 +183,9 @@ def make_drafter(
     are made together with the other slots' when the batch runs. `memory` (auto only):
     earlier outputs to draft from; `remember`: whether this output joins it; `learned`
     (auto only): the verify costs and copy acceptance earlier generations measured, kept
-    for later ones (the server's requests)."""
+    for later ones (the server's requests); `costs` (auto only): verify costs taken as
+    given, neither timed nor stored, in place of the profile (tests whose drafting must
+    not hang on this machine's load while they run)."""
     if spec.mode is SpecMode.NONE:
         return NoDrafter()
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra)
@@ -191,6 +194,11 @@ def make_drafter(
     model = (ModelDrafter(draft_model, sampling, spec.draft_p_min, seq=seq, batch=batch)
              if draft_model else None)
     if spec.mode is SpecMode.AUTO:
+        if costs is not None:
+            recall = MemoryDrafter(memory, learn=remember,
+                                   model=MemoryModel(costs.memory_accept)) if memory is not None else None
+            return AutoDrafter(ngram, model, costs, k_max=max(1, spec.draft_max), learn_costs=False,
+                               memory=recall, learned=learned)
         if target is None:
             recall = MemoryDrafter(memory, learn=remember) if memory is not None else None
             return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max), memory=recall,

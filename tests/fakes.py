@@ -20,6 +20,20 @@ import numpy as np
 from localspec.core.backend import Detokenizer, PrefixReuse
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.errors import ContextFull
+from localspec.profile import Profile
+
+# ----- costs ------------------------------------------------------------------------
+
+
+def fixed_costs(slope: float = 0.3, n_max: int = 64) -> Profile:
+    """A profile whose verify curve V(n) = 1 + slope (n - 1), for auto to take as given
+    (learn_costs=False, the server's SchedulerConfig.auto_costs): whether drafting pays
+    must not hang on this machine's load while a test runs (at 0.3 a long right draft
+    pays on any curve; a wrong one does not)."""
+    return Profile(key="fixed", target="t", draft=None, device="cpu", n_threads=1, n_gpu_layers=0,
+                   t_token_s=0.1, vcurve=[1.0 + slope * (n - 1) for n in range(1, n_max + 1)],
+                   prefill_tok_s=100.0)
+
 
 # ----- statistics -------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from fakes import fixed_costs
 from test_serve_concurrency import Server
 
 from localspec.acceptance import logdb
@@ -20,6 +21,9 @@ from localspec.serve.app import ServeSettings
 
 KEYS = ("alice-key", "bob-key")
 OWN_CONTEXT = 8  # memory tokens a first request may accept from its own context, at most
+# auto's verify costs given, not timed: what a request drafts must not hang on this
+# machine's load (one noisy round time, shared across requests, priced drafting out)
+COSTS = fixed_costs()
 QUESTION = "Write a Python function that returns the squares of a list of numbers."
 
 
@@ -55,7 +59,7 @@ def test_one_users_replies_never_draft_for_another(model):
     settings = ServeSettings(model_id="smol", api_key=",".join(KEYS), log_generations=True,
                              max_tokens_limit=512)
     with Server(model, settings=settings, spec=SpecConfig(mode="auto", draft_max=16), n_slots=2,
-                queue_size=4, spec_disable_by_batch_size=-1) as server:
+                queue_size=4, spec_disable_by_batch_size=-1, auto_costs=COSTS) as server:
         assert _ask(server, "mallory-key").status_code == 401
         replies = [_ask(server, KEYS[0]), _ask(server, KEYS[1]), _ask(server, KEYS[0]),
                    _ask(server, KEYS[0], memory=False)]
@@ -84,7 +88,7 @@ def test_lookup_corpus_drafts_for_every_key_and_keeps_nothing(model):
     settings = ServeSettings(model_id="smol", api_key=",".join(KEYS), log_generations=True,
                              max_tokens_limit=512, memory=False, lookup=corpus)
     with Server(model, settings=settings, spec=SpecConfig(mode="auto", draft_max=16), n_slots=2,
-                queue_size=4, spec_disable_by_batch_size=-1) as server:
+                queue_size=4, spec_disable_by_batch_size=-1, auto_costs=COSTS) as server:
         replies = [_ask(server, KEYS[1]), _ask(server, KEYS[0], memory=False)]
         server.wait_idle()
         memory = server.app.state.api.memories

@@ -42,6 +42,7 @@ from localspec.core.drafters.draft_model import DraftBatch, DraftPhase
 from localspec.core.engine import Round, Token
 from localspec.core.events import StopReason
 from localspec.core.tuning import PREFILL_RESERVE, SLOT_COPY_MIN
+from localspec.profile import Profile
 from localspec.runtime import make_drafter
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.metrics import Metrics
@@ -63,6 +64,9 @@ class SchedulerConfig:
     prefill_chunk: int = 256
     cache_reuse: int = 0  # --cache-reuse N: move cached runs of >= N tokens (KV shifting); 0: off
     slot_copy: bool = True  # copy a prompt's start from another slot that holds more of it
+    # auto's verify costs taken as given (a profile's curve), never timed: None, timed and
+    # learned across requests. Tests whose drafting must not hang on the machine's load
+    auto_costs: Profile | None = None
 
 
 @dataclass
@@ -268,7 +272,8 @@ class Scheduler:
         if self.drafter_factory is not None:
             return self.drafter_factory(self.cfg.spec, job.sampling, job.extra)
         return make_drafter(self.cfg.spec, job.sampling, self.draft, job.extra, self.target,
-                            seq=seq, batch=self.drafts, memory=job.memory, learned=self.learned)
+                            seq=seq, batch=self.drafts, memory=job.memory, learned=self.learned,
+                            costs=self.cfg.auto_costs)
 
     def _limit(self) -> int | None:
         """The rule's limit now: by the active sequences' mean context when the limits
