@@ -5,6 +5,7 @@
 - a prompt's start that another slot holds, busy or free, is copied into the chosen slot
   instead of prefilled again, and the reply is the one a fresh prefill gives;
 - a slot holding another request's cells is left alone while an empty one will do.
+- a reply sent whole wakes the event loop once, not once per token.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from localspec.core.backend import Model
 from localspec.core.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
 from localspec.core.tuning import SLOT_COPY_MIN
-from localspec.serve.jobs import Failed, Finished, Job, Text
+from localspec.serve.jobs import Failed, Finished, Job, Text, loop_sink
 from localspec.serve.scheduler import Scheduler, SchedulerConfig
 from localspec.serve.slots import Placement, place, runs
 
@@ -177,3 +178,35 @@ def _common(a: list[int], b: list[int]) -> list[int]:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return a[:n]
+
+
+# ----- what the event loop is woken for ---------------------------------------------------
+
+
+class _Loop:
+    """Counts call_soon_threadsafe calls and runs them at once."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.got: list[object] = []
+
+    def call_soon_threadsafe(self, fn, *args) -> None:
+        self.calls += 1
+        fn(*args)
+
+
+def _feed(whole: bool) -> _Loop:
+    from localspec.core.events import GenerationStats
+
+    loop = _Loop()
+    sink = loop_sink(loop.call_soon_threadsafe, loop.got.append, whole)
+    events = [Text(f"t{i}", 1) for i in range(5)] + [Finished(GenerationStats(), "")]
+    for ev in events:
+        sink(ev)
+    assert loop.got == events  # every event, in order
+    return loop
+
+
+def test_a_whole_reply_wakes_the_event_loop_once_a_stream_per_event():
+    assert _feed(whole=True).calls == 1
+    assert _feed(whole=False).calls == 6

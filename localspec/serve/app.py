@@ -39,7 +39,7 @@ from localspec.core.drafters.suffix import SuffixIndex
 from localspec.core.errors import GrammarError
 from localspec.core.tuning import MEMORY_MAX_TOKENS as MEMORY_TOKENS
 from localspec.serve import admission, guard, protocol
-from localspec.serve.jobs import Failed, Finished, Job, Text
+from localspec.serve.jobs import Failed, Finished, Job, Text, loop_sink
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
 from localspec.serve.scheduler import Scheduler
@@ -217,7 +217,7 @@ class _Api:
             queue: asyncio.Queue = asyncio.Queue()
             loop = asyncio.get_running_loop()
             job = Job(prep.prompt, self._sampling(req), prep.gen,
-                      sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev), extra=prep.extra,
+                      sink=loop_sink(loop.call_soon_threadsafe, queue.put_nowait, not req.stream), extra=prep.extra,
                       memory=self._memory(who) if req.memory else None)
             admission.submit(self.scheduler, job, self.metrics_)
         except ApiError as e:

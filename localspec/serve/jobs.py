@@ -64,3 +64,29 @@ class Job:
             self.sink(event)
         except Exception:  # noqa: BLE001 - the receiver is gone (event loop closed): stop generating
             self.cancel()
+
+
+def loop_sink(call_soon_threadsafe: Callable[..., object], put: Callable[[object], None],
+              whole: bool) -> Callable[[object], None]:
+    """A job's sink that hands its events to an event loop (`call_soon_threadsafe` of the
+    loop, `put` of the request's queue). A streamed reply wakes the loop per event; a
+    reply sent `whole` keeps its Texts on the scheduler's side and wakes the loop once, at
+    its Finished or Failed, with all of them in order: on 2 cores each wake-up is CPU
+    taken from llama.cpp's threads, once per token."""
+    if not whole:
+        return lambda ev: call_soon_threadsafe(put, ev)
+    held: list[Text] = []
+
+    def put_all(events: list[object]) -> None:
+        for ev in events:
+            put(ev)
+
+    def sink(ev: object) -> None:
+        if isinstance(ev, Text):
+            held.append(ev)
+            return
+        events = [*held, ev]
+        held.clear()
+        call_soon_threadsafe(put_all, events)
+
+    return sink

@@ -31,7 +31,7 @@ from localspec.core.events import GenerationStats, StopReason
 from localspec.serve import admission, protocol
 from localspec.serve.app import _GONE, KEEP_ALIVE, _Api, _error, _EventStream, _watch_disconnect
 from localspec.serve.infill import infill_prompt, mixed
-from localspec.serve.jobs import Failed, Finished, Job, Text
+from localspec.serve.jobs import Failed, Finished, Job, Text, loop_sink
 from localspec.serve.llamacpp_schema import (
     CompletionNative,
     DetokenizeBody,
@@ -264,7 +264,7 @@ class Native:
                                    ignore_eos=bool(b.ignore_eos), n_indent=b.n_indent,
                                    t_max_predict_ms=b.t_max_predict_ms)
             job = Job(tokens, self._sampling(b), gen,
-                      sink=lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+                      sink=loop_sink(loop.call_soon_threadsafe, queue.put_nowait, not b.stream))
             admission.submit(api.scheduler, job, api.metrics_)
         except ApiError as e:
             api.metrics_.request(kind, str(e.status))
