@@ -106,7 +106,8 @@ def test_a_stalled_round_does_not_stop_drafting():
     t_calm, drafts = _simulate(prompt, reply, AutoDrafter(NgramDrafter(1, 4), None, None, k_max=32))
     first = next(i for i, n in enumerate(drafts) if n)
     assert first < 8
-    t, drafts = _simulate(prompt, reply, AutoDrafter(NgramDrafter(1, 4), None, None, k_max=32), stall_at=first)
+    t, drafts = _simulate(prompt, reply, AutoDrafter(NgramDrafter(1, 4), None, None, k_max=32),
+                          stall_at=first)
     after = drafts[first + 1:]
     assert sum(1 for n in after if n) > 0.8 * len(after)
     assert t < 1.2 * t_calm and t < 0.5 * (len(reply) - 1)
@@ -139,7 +140,8 @@ def test_the_servers_requests_share_one_learned_cost_model(smol_path, monkeypatc
                 if isinstance(ev, (Finished, Failed)):
                     done.set()
 
-            sched.submit(Job(model.tokenize(text), SamplingConfig(), GenerationConfig(max_tokens=24), sink=sink))
+            gen = GenerationConfig(max_tokens=24)
+            sched.submit(Job(model.tokenize(text), SamplingConfig(), gen, sink=sink))
             assert done.wait(120)
             assert isinstance(got[-1], Finished)
             rounds.append(got[-1].stats.rounds)
@@ -149,3 +151,18 @@ def test_the_servers_requests_share_one_learned_cost_model(smol_path, monkeypatc
         sched.stop()
         model.close()
     assert timed == {id(sched.learned.cost): sum(rounds)}  # both requests' rounds, in one model
+
+
+def test_a_servers_request_does_not_stake_its_gains_on_a_trial():
+    # colorsys' /infill in the benchmark: four rounds fully accepted (k 1, 1, 4, 4), then
+    # a 16-token draft at a size never verified, rejected at once: 9.5 one-token times
+    # for one token, and the 500 ms request ended behind plain decoding. A generation
+    # alone may stake what it gained; a server's request, whose trial serves every later
+    # request, risks only the budget
+    for learned, takes in ((None, True), (Learned(), False)):
+        auto = AutoDrafter(NgramDrafter(1, 4), None, None, k_max=32, learned=learned)
+        for n, v in ((1, 1.0), (5, 3.55)) * 3:
+            auto.cost.observe_verify(n, T1 * v)
+        auto.lost, auto.tried, auto.produced = -3.5, -5.0, 17  # ahead of plain and of the best known
+        assert not auto.cost.known(17) and auto.cost.upper(17) > 15
+        assert auto._affordable(17, 12.0, 0.0, 1.2) is takes

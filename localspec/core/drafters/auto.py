@@ -51,7 +51,8 @@ from localspec.core.tuning import (
 )
 from localspec.profile import Profile
 
-__all__ = ["AcceptModel", "AutoDrafter", "Choice", "CostModel", "Learned", "Plan", "best_k", "expected_tokens"]
+__all__ = ["AcceptModel", "AutoDrafter", "Choice", "CostModel", "Learned", "Plan", "best_k",
+           "expected_tokens"]
 
 
 class AcceptModel:
@@ -197,6 +198,7 @@ class AutoDrafter(DrafterBase):
                      else CostModel(profile, k_max, learn=learn_costs))
         self.sizes = grid_sizes(k_max + 1)
         self.runs = CopyAge(learned.run_counts(ngram.copying) if learned is not None else None)
+        self._stakes_gains = learned is None  # whether a trial may spend what drafting gained (`_affordable`)
         self.model_acc = AcceptModel(MODEL_PRIOR, k_max)
         self.model_spent = SpentShare()
         self._model_pays: bool | None = None  # the profile's verdict, when it has one
@@ -339,14 +341,22 @@ class AutoDrafter(DrafterBase):
         tried once is measured and from then on weighed at its worst case with no
         budget, so one failed trial cannot keep a run at plain decoding; a well-accepted
         long copy fits at once (its worst case, n one-token decodes, buys about n
-        tokens), so an edit climbs to long drafts in its first rounds."""
+        tokens), so an edit climbs to long drafts in its first rounds. Where what is
+        measured is kept for later generations (`Learned`: a server's requests), a trial
+        serves them all but is paid by one, often a short one (a keystroke's completion
+        within 500 ms): there it stakes none of what drafting gained before it (a request
+        that staked its first rounds' gains on a 16-token trial, rejected at once, ended
+        behind plain decoding)."""
         if not self.cost.learn:
             return True
         if self.cost.t1() is None:
             return False  # no one-token time yet to judge a trial by: measured sizes only
         worst = self.cost.upper(n) + (n - 1) * c
-        return (self.lost + worst - expected <= BUDGET * self.produced + BUDGET_FREE
-                and self.tried + worst - expected / best_rate <= TRY_BUDGET * self.produced + BUDGET_FREE)
+        lost, tried = self.lost, self.tried
+        if not self._stakes_gains:
+            lost, tried = max(lost, 0.0), max(tried, 0.0)
+        return (lost + worst - expected <= BUDGET * self.produced + BUDGET_FREE
+                and tried + worst - expected / best_rate <= TRY_BUDGET * self.produced + BUDGET_FREE)
 
     def _model_could_pay(self, k: int) -> bool:
         """Whether the draft model would pay even at an optimistic acceptance. Where it
