@@ -118,3 +118,6 @@ def test_serve_keeps_auto_without_a_draft_model_only_for_lookup():
 
     assert _spec(defaults(), None).mode is SpecMode.NGRAM  # the load rule and AdaptiveK decide
     assert _spec(defaults(), None, lookup=True).mode is SpecMode.AUTO  # the corpus is a source
+    # one slot (an editor's /infill): every verify is its own, auto weighs each draft
+    assert _spec(defaults(), None, slots=1).mode is SpecMode.AUTO
+    assert _spec(defaults(), None, slots=2).mode is SpecMode.NGRAM

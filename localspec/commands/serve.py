@@ -130,7 +130,8 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
     `prediction` is a second n-gram source); with --draft MODEL (or auto) also with the
     draft model, one sequence of its context per slot, all slots' drafts in one batched
     draft decode per token. --spec auto chooses per slot between n-gram, the model and
-    plain decoding (without a draft model it means ngram here).
+    plain decoding (without a draft model it means ngram here, unless --parallel is 1
+    or --lookup is given).
     """
     # the engine, llama.cpp among it, loads here: `serve --help` needs none of it
     from localspec.runtime import find_profile, open_runtime
@@ -157,7 +158,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         target, draft = rt.target, rt.draft
         # a template past the bounds is refused now, not on every request (see its error)
         refuse_hostile(target)
-        spec = _spec(kw, draft, lookup=bool(lookup))
+        spec = _spec(kw, draft, lookup=bool(lookup), slots=parallel)
         profile = find_profile(target, draft) if spec_disable is None else None
         c = profile.c if profile and spec.mode.needs_draft_model else None
         limits = spec_threshold(spec_disable, profile, c or 0.0)
@@ -198,14 +199,17 @@ def _lookup_index(target, paths: tuple[str, ...]):
     return index
 
 
-def _spec(kw: dict, draft: object | None, lookup: bool = False) -> SpecConfig:
+def _spec(kw: dict, draft: object | None, lookup: bool = False, slots: int = 0) -> SpecConfig:
     """The slots' drafting, once it is known whether a draft model loaded. With
     --lookup, auto stays auto without a draft model: it chooses between the corpus (and
-    the memory), the context's n-grams and plain decoding."""
+    the memory), the context's n-grams and plain decoding. So it does with one slot
+    (`slots`: an editor's completions, `-np 1`): every verify is then its own, and a
+    fixed n-gram drafter's 8-token drafts from one-token matches, most of them rejected,
+    cost a 500 ms /infill more than half its tokens (docs/measurements.md)."""
     mode = SpecMode(kw.get("spec") or SpecMode.AUTO)
     if mode.needs_draft_model and draft is None:
         raise UsageError(f"--spec {mode}: --draft auto found no compatible draft model")
-    if mode is SpecMode.AUTO and draft is None and not lookup:
+    if mode is SpecMode.AUTO and draft is None and not lookup and slots != 1:
         # with n-grams alone, auto's per-round choice rests on single-sequence verify
         # times; in a shared batch the load rule decides when drafts are worth their
         # compute, and AdaptiveK sizes them
