@@ -662,6 +662,30 @@ def test_sampled_mode_is_reproducible_with_a_seed():
     assert outs[0] == outs[1]
 
 
+class _WhimDrafter(ArgmaxChainDrafter):
+    """A deterministic draft of a length that varies by whim (as auto's does with timing)."""
+
+    def __init__(self, whim: int) -> None:
+        self.lengths = np.random.default_rng(whim)
+
+    def draft(self, context, k):
+        return super().draft(context, int(self.lengths.integers(0, k + 1)))
+
+
+def test_a_seeded_sample_is_the_same_whatever_a_deterministic_drafter_drafted():
+    """One draw a position, as plain decoding: the drafting cannot move the output."""
+    sampling = SamplingConfig(seed=99, **SCFG)
+    gen = GenerationConfig(max_tokens=40)
+    _, plain, _, _ = run(stochastic_target(), NoDrafter(), prompt=S_PROMPT, sampling=sampling, gen=gen)
+    drafted = 0
+    for whim in range(4):
+        _, ids, _, stats = run(stochastic_target(), _WhimDrafter(whim), prompt=S_PROMPT, sampling=sampling,
+                               gen=gen, spec=SpecConfig(mode="ngram", draft_max=6))
+        assert ids == plain, whim
+        drafted += stats.drafted
+    assert drafted > 40 and len(set(plain)) > 2  # it drafted, and the output is a real sample
+
+
 @pytest.mark.parametrize("nth", [0, 1, 3])  # 0: the draft model's prefill; then drafting
 def test_interrupted_draft_decode_repairs_the_draft_model(nth):
     model = FakeModel(next_fn=mixed_next)

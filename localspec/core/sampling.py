@@ -99,17 +99,26 @@ def accept_stochastic(
     draft), i.e. q is one-hot on the drafted token. Token x is kept with probability
     min(1, p(x) / q(x)); on rejection we sample from normalize(max(0, p - q)); when all
     are kept, a bonus token comes from p's last row. The output then follows p exactly.
+
+    A deterministic draft is verified by drawing the target's own token at each position
+    (`sample`, one draw from `rng` a position, as plain decoding does) and keeping the
+    draft while they agree: it is kept with probability p(x), as by the rule above, a
+    rejection yields a token of p without x, and the output is the very tokens plain
+    decoding draws from the same seed, whatever was drafted (so a seeded run repeats
+    though auto's drafting depends on timing).
     """
+    if q is None:
+        for i, x in enumerate(draft):
+            own = sample(p[i], rng)
+            if own != x:
+                return i, own
+        return len(draft), sample(p[len(draft)], rng)
     for i, x in enumerate(draft):
         px = p[i][x]
-        qx = 1.0 if q is None else q[i, x]
+        qx = q[i, x]
         if qx > 0.0 and rng.random() < min(1.0, px / qx):
             continue
-        if q is None:
-            residual = p[i].copy()
-            residual[x] = 0.0  # max(0, p - onehot(x))
-        else:
-            residual = np.maximum(p[i] - q[i], 0.0)
+        residual = np.maximum(p[i] - q[i], 0.0)
         if residual.sum() <= 0.0:  # p == q: rejection has probability 0; guard rounding
             residual = p[i]
         return i, sample(residual, rng)
