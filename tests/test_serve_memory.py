@@ -109,15 +109,13 @@ def test_a_memory_that_keeps_nothing_still_drafts_from_its_corpus():
     assert kept.static is static_only.static is corpus and len(corpus) == 9
 
 
-def test_serve_keeps_auto_without_a_draft_model_only_for_lookup():
+def test_serve_keeps_auto_without_a_draft_model():
     from localspec.commands.serve import _spec, serve
     from localspec.core.config import SpecMode
 
     def defaults() -> dict:  # what serve's options give with no --spec
         return dict(serve.make_context("serve", []).params)
 
-    assert _spec(defaults(), None).mode is SpecMode.NGRAM  # the load rule and AdaptiveK decide
-    assert _spec(defaults(), None, lookup=True).mode is SpecMode.AUTO  # the corpus is a source
-    # one slot (an editor's /infill): every verify is its own, auto weighs each draft
-    assert _spec(defaults(), None, slots=1).mode is SpecMode.AUTO
-    assert _spec(defaults(), None, slots=2).mode is SpecMode.NGRAM
+    assert _spec(defaults(), None).mode is SpecMode.AUTO  # the memory and --lookup are sources
+    # llama.cpp's names still give plain n-gram drafting
+    assert _spec(dict(serve.make_context("serve", ["--spec", "ngram"]).params), None).mode is SpecMode.NGRAM

@@ -158,7 +158,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         target, draft = rt.target, rt.draft
         # a template past the bounds is refused now, not on every request (see its error)
         refuse_hostile(target)
-        spec = _spec(kw, draft, lookup=bool(lookup), slots=parallel)
+        spec = _spec(kw, draft)
         profile = find_profile(target, draft) if spec_disable is None else None
         c = profile.c if profile and spec.mode.needs_draft_model else None
         limits = spec_threshold(spec_disable, profile, c or 0.0)
@@ -199,21 +199,17 @@ def _lookup_index(target, paths: tuple[str, ...]):
     return index
 
 
-def _spec(kw: dict, draft: object | None, lookup: bool = False, slots: int = 0) -> SpecConfig:
-    """The slots' drafting, once it is known whether a draft model loaded. With
-    --lookup, auto stays auto without a draft model: it chooses between the corpus (and
-    the memory), the context's n-grams and plain decoding. So it does with one slot
-    (`slots`: an editor's completions, `-np 1`): every verify is then its own, and a
-    fixed n-gram drafter's 8-token drafts from one-token matches, most of them rejected,
-    cost a 500 ms /infill more than half its tokens (docs/measurements.md)."""
+def _spec(kw: dict, draft: object | None) -> SpecConfig:
+    """The slots' drafting, once it is known whether a draft model loaded. Auto stays
+    auto without a draft model: each round it chooses between the context's n-grams,
+    the memory (and --lookup corpora) and plain decoding by the verify times the server
+    measured, so a round drafts only where that pays. (A fixed n-gram drafter's 8-token
+    drafts from one-token matches, most of them rejected, cost a 500 ms /infill more than
+    half its tokens, and a short code reply at one client 0.78x of no speculation:
+    docs/measurements.md.) Past the load rule's limit nothing drafts, whatever the mode."""
     mode = SpecMode(kw.get("spec") or SpecMode.AUTO)
     if mode.needs_draft_model and draft is None:
         raise UsageError(f"--spec {mode}: --draft auto found no compatible draft model")
-    if mode is SpecMode.AUTO and draft is None and not lookup and slots != 1:
-        # with n-grams alone, auto's per-round choice rests on single-sequence verify
-        # times; in a shared batch the load rule decides when drafts are worth their
-        # compute, and AdaptiveK sizes them
-        kw["spec"] = SpecMode.NGRAM
     return spec_config(kw, has_draft=draft is not None)
 
 
