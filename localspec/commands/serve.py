@@ -129,9 +129,8 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
     (default: 4096 per slot, 32768 in all). Slots draft with n-grams (a request's
     `prediction` is a second n-gram source); with --draft MODEL (or auto) also with the
     draft model, one sequence of its context per slot, all slots' drafts in one batched
-    draft decode per token. --spec auto chooses per slot between n-gram, the model and
-    plain decoding (without a draft model it means ngram here, unless --parallel is 1
-    or --lookup is given).
+    draft decode per token. --spec auto (the default) chooses per slot and round between
+    n-gram, the memory of earlier replies, the model (when loaded) and plain decoding.
     """
     # the engine, llama.cpp among it, loads here: `serve --help` needs none of it
     from localspec.runtime import find_profile, open_runtime
