@@ -121,14 +121,18 @@ def _prompts(model: Model) -> tuple[list[int], list[int], list[int]]:
             base + model.tokenize("Which is yellow?", add_special=False))
 
 
-def _beside_busy(model: Model, first: list[int], second: list[int], **cfg) -> tuple[Run, Run, Finished, int]:
-    """`second` submitted while `first` decodes: (first's run, second's, its result, copies)."""
+def _beside_busy(model: Model, first: list[int], second: list[int], n: tuple[int, int] = (48, 12),
+                 held: tuple[list[int], int] | None = None, **cfg) -> tuple[Run, Run, Finished, int]:
+    """`second` submitted while `first` decodes: (first's run, second's, its result, copies).
+    `held`: (tokens, slot) prefilled into that free slot before either comes."""
     sched = _scheduler(model, **cfg)
     try:
-        r1 = Run(first, 48)
+        if held is not None:
+            model.decode(held[0], seq=held[1])
+        r1 = Run(first, n[0])
         sched.submit(r1.job)
         assert r1.started.wait(60)
-        r2 = Run(second, 12)
+        r2 = Run(second, n[1])
         sched.submit(r2.job)
         got = r2.wait()
         r1.wait()
@@ -153,21 +157,9 @@ def test_a_prompt_start_held_by_a_busy_slot_is_copied_not_prefilled(model):
 
 def test_a_gap_between_busy_slots_is_filled_by_a_copy(model):
     first, other, second = _prompts(model)
-    sched = _scheduler(model)
-    try:
-        # slot 0 is kept busy, slot 2 holds `first` (slot 1 empty): `second` goes to 1,
-        # beside 0, with first's start copied from 2
-        model.decode(first, seq=2)
-        busy = Run(other, 64)
-        sched.submit(busy.job)
-        assert busy.started.wait(60)
-        r2 = Run(second, 4)
-        sched.submit(r2.job)
-        got = r2.wait()
-        busy.wait()
-        copies = sched.metrics.slot_copies
-    finally:
-        sched.stop()
+    # slot 0 is kept busy, slot 2 holds `first` (slot 1 empty): `second` goes to 1,
+    # beside 0, with first's start copied from 2
+    busy, r2, got, copies = _beside_busy(model, other, second, n=(64, 4), held=(first, 2))
     assert busy.job.slot == 0 and r2.job.slot == 1, (busy.job.slot, r2.job.slot)
     assert got.stats.restored_tokens == len(_common(first, second))
     assert copies == 1
