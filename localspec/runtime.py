@@ -194,28 +194,21 @@ def make_drafter(
     model = (ModelDrafter(draft_model, sampling, spec.draft_p_min, seq=seq, batch=batch)
              if draft_model else None)
     if spec.mode is SpecMode.AUTO:
-        if costs is not None:
-            recall = MemoryDrafter(memory, learn=remember,
-                                   model=MemoryModel(costs.memory_accept)) if memory is not None else None
-            return AutoDrafter(ngram, model, costs, k_max=max(1, spec.draft_max), learn_costs=False,
-                               memory=recall, learned=learned)
-        if target is None:
-            recall = MemoryDrafter(memory, learn=remember) if memory is not None else None
-            return AutoDrafter(ngram, model, None, k_max=max(1, spec.draft_max), memory=recall,
-                               learned=learned)
-        setup = setup_of(target, draft_model)
-        profile = load_profile(setup, online=True)
-        recall = None
-        if memory is not None:
-            recall = MemoryDrafter(memory, learn=remember,
-                                   model=MemoryModel(profile.memory_accept if profile else None))
+        # the verify costs: given (`costs`, neither timed nor stored), else the target's
+        # profile, timed on-line and stored back at each generation's end
+        setup = setup_of(target, draft_model) if costs is None and target is not None else None
+        profile = load_profile(setup, online=True) if setup is not None else costs
+        recall = (MemoryDrafter(memory, learn=remember,
+                                model=MemoryModel(profile.memory_accept if profile else None))
+                  if memory is not None else None)
+        store = None
+        if setup is not None:
+            def store(measured: dict[int, tuple[float, int]], t1: float) -> None:
+                store_online_later(setup, target.name, measured, t1,
+                                   memory=recall.model.to_dict() if recall is not None else None)
 
-        def store(measured: dict[int, tuple[float, int]], t1: float) -> None:
-            store_online_later(setup, target.name, measured, t1,
-                               memory=recall.model.to_dict() if recall is not None else None)
-
-        return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max), store=store, memory=recall,
-                           learned=learned)
+        return AutoDrafter(ngram, model, profile, k_max=max(1, spec.draft_max), learn_costs=costs is None,
+                           store=store, memory=recall, learned=learned)
     if model is None:
         raise UsageError(f"--spec {spec.mode} needs a draft model (--draft)")
     return model if spec.mode is SpecMode.MODEL else HybridDrafter(ngram, model)
