@@ -20,6 +20,7 @@ scripts/compare_llama_server.py --build makes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -174,7 +175,9 @@ def main() -> None:
     sizes = [int(x) for x in args.prompts.split(",")]
     streams = {"no": [False], "yes": [True], "both": [False, True]}[args.stream]
     rows = []
-    with servers[0], (servers[1] if len(servers) > 1 else servers[0]):
+    with contextlib.ExitStack() as up:  # each server started once (--only: there is one)
+        for srv in servers:
+            up.enter_context(srv)
         for srv in servers:  # warm-up: first decodes allocate buffers
             cell(srv.url, [SHORT], 1, 1, 8, False)
         k = 0
