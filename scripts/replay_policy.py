@@ -263,6 +263,9 @@ def main() -> int:
                     "speedup (drafts exactly the prefix the target accepts, cut at the "
                     "curve's cheap points: no policy with this drafter does better) and a "
                     "perfect drafter's (the cap of speculation on this curve)")
+    ap.add_argument("--peer", action="store_true", help="replay: also llama-server's n-gram "
+                    "settings (ngram-simple at 16 and 48, ngram-mod) on the same traces and "
+                    "curve, and auto's speedup over the best of them")
     args = ap.parse_args()
     if args.action == "record":
         record(args.traces[0], args.model, args.draft, args.prompts, args.fast)
@@ -276,8 +279,9 @@ def main() -> int:
     if args.action == "vcurve":
         measure_curve(args.traces[0], args.model, args.n_max)
         return 0
-    profile = load(args) if args.curve == "profile" or args.c is None else None
-    c = args.c if args.c is not None else (profile.c or 0.5)
+    # the draft model's cost comes from the profile unless given, or unless there is no model
+    profile = load(args) if args.curve == "profile" or (args.c is None and args.model) else None
+    c = args.c if args.c is not None else (profile.c or 0.5) if profile else 0.0
     v = true_curve(args.curve, max([*args.k_max, *FIXED_K]) + 2, profile)
     args.tuned_v = true_curve(args.tuned_curve, len(v), None) if args.tuned_curve else None
     if args.action == "rounds":
@@ -295,7 +299,31 @@ def main() -> int:
             rows += [(tr["name"] if len(args.traces) == 1 else f"{path.split('/')[-1][:4]}:{tr['name']}",
                       replay_trace(tr, v, c, args)) for tr in json.load(f)]
     report(rows, args.k_max)
+    if args.peer:
+        report_peer(args.traces, rows, v, args.k_max)
     return 0
+
+
+def report_peer(paths: list[str], rows: list[tuple[str, dict[str, float]]], v: list[float],
+                k_max: list[int]) -> None:
+    """llama-server's n-gram settings replayed on the same traces and curve (its drafters
+    as localspec.bench.llamacpp_policies re-implements them): each setting's speedup
+    over plain, and auto's (informed, fresh) over the best of them."""
+    from localspec.bench.llamacpp_policies import llamacpp_settings
+    from localspec.bench.replay import replay
+    from localspec.core.drafters.base import NoDrafter
+
+    traces = [tr for path in paths for tr in json.load(open(path))]
+    names = [d.name for d in llamacpp_settings()]
+    k = max(k_max)
+    print(f"\nllama-server's settings replayed (speedup over plain); auto {k} over the best of them")
+    print(f"{'trace':14} " + " ".join(f"{n:>18}" for n in names) + f" {'auto / best':>12} {'fresh / best':>12}")
+    for (name, out), tr in zip(rows, traces):
+        plain = replay(tr, NoDrafter(), v, 0.0, 1, False)
+        peer = [plain / replay(tr, d, v, 0.0, 256, False) for d in llamacpp_settings()]
+        best = max(peer)
+        print(f"{name:14} " + " ".join(f"{x:17.2f}x" for x in peer)
+              + f" {out[f'auto {k}'] / best:11.2f}x {out[f'fresh {k}'] / best:11.2f}x")
 
 
 def load(args) -> Profile:
