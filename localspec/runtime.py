@@ -188,7 +188,10 @@ def make_drafter(
     not hang on this machine's load while they run)."""
     if spec.mode is SpecMode.NONE:
         return NoDrafter()
-    ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra)
+    # the tokens' texts let a copy followed across a rename stop before its other spellings
+    text = ((lambda t: target.token_piece(t).decode("utf-8", errors="replace"))
+            if extra and target is not None and hasattr(target, "token_piece") else None)
+    ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra, text=text)
     if spec.mode is SpecMode.NGRAM:
         return ngram
     model = (ModelDrafter(draft_model, sampling, spec.draft_p_min, seq=seq, batch=batch)

@@ -43,6 +43,10 @@ would have had accepted, and its regret (what it lost against the oracle), summe
 kind: drafts too long (rejected before their end), cut short (all accepted, the copy went
 on), plain rounds where the n-gram had a match.
 
+`pieces` adds the tokens' texts to traces recorded without them (the n-gram drafter is
+given the target's, as in `localspec edit`: a rename's other spellings); `record` and
+`synth` store them.
+
 `synth` writes edit traces without decoding: each task of the JSONL names, beside "file"
 and "instruction", an "after" file (the edit done right, relative to the JSONL); the
 output is that file's body and the closing fence, in the target's tokens. A trace of an
@@ -97,9 +101,33 @@ def record(path: str, target: str, draft: str, prompts: str | None = None,
             top += [float(x) for x in p.max(axis=1)]
         out.append({"name": w.name, "tag": w.tag, "prompt": prep.tokens, "extra": prep.extra,
                     "ids": ids, "d_arg": arg, "d_p": top})
+        out[-1]["pieces"] = token_pieces(t, out[-1])
         print(f"{w.name}: {len(ids)} tokens", file=sys.stderr)
         with open(path, "w") as f:
             json.dump(out, f)
+
+
+def token_pieces(t, tr: dict) -> dict[str, str]:
+    """{id: text} for every token of a trace (its prompt, text to copy and output): what
+    the n-gram drafter is given as the runtime gives it the target's (`text`)."""
+    ids = {*tr["prompt"], *tr["extra"], *tr["ids"]}
+    return {str(i): t.token_piece(i).decode("utf-8", errors="replace") for i in sorted(ids)}
+
+
+def add_pieces(paths: list[str], target: str) -> None:
+    """Add each trace's token texts (`token_pieces`) to trace files recorded without them."""
+    from localspec import models
+    from localspec.core.backend import Model
+
+    t = Model(ModelConfig(str(models.resolve(target)), n_ctx=64, n_threads=1))
+    for path in paths:
+        with open(path) as f:
+            traces = json.load(f)
+        for tr in traces:
+            if "ids" in tr:
+                tr["pieces"] = token_pieces(t, tr)
+        with open(path, "w") as f:
+            json.dump(traces, f)
 
 
 def record_sessions(path: str, target: str, names: list[str], n_requests: int, n_predict: int) -> None:
@@ -148,8 +176,7 @@ def report_sessions(paths: list[str], v: list[float], c: float, args) -> None:
 def report_rounds(paths: list[str], v: list[float], c: float, args) -> None:
     """Per trace (edits only, n-gram only, the largest --k-max): auto's rounds that lost
     against the oracle, then its regret by kind of round."""
-    from localspec.bench.replay import rounds_against_oracle, tuned
-    from localspec.core.drafters import NgramDrafter
+    from localspec.bench.replay import rounds_against_oracle, trace_ngram, tuned
     from localspec.core.drafters.auto import AutoDrafter
 
     k = max(args.k_max)
@@ -158,7 +185,7 @@ def report_rounds(paths: list[str], v: list[float], c: float, args) -> None:
             traces = [tr for tr in json.load(f) if tr["tag"] == "edit"]
         for tr in traces:
             def ng(tr=tr):
-                return NgramDrafter(*args.edit_ngram, extra=tr["extra"])
+                return trace_ngram(tr, args.edit_ngram)
             profile = None if args.fresh else tuned(args.tuned_v or v, c)
             rows = rounds_against_oracle(tr, AutoDrafter(ng(), None, profile, k_max=k), ng(), v, c, k)
             plain = (len(tr["ids"]) - 1) * v[0]
@@ -200,6 +227,7 @@ def synth(path: str, target: str, prompts: str) -> None:
         ids = t.tokenize(f"{body}\n{prep.fence}", add_special=False, parse_special=False)
         out.append({"name": Path(w.file).stem, "tag": w.tag, "prompt": prep.tokens,
                     "extra": prep.extra, "ids": ids, "d_arg": [], "d_p": []})
+        out[-1]["pieces"] = token_pieces(t, out[-1])
         print(f"{out[-1]['name']}: {len(prep.tokens)} prompt, {len(ids)} output tokens", file=sys.stderr)
     with open(path, "w") as f:
         json.dump(out, f)
@@ -228,7 +256,8 @@ def measure_curve(path: str, target: str, n_max: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("action", choices=("record", "synth", "vcurve", "replay", "rounds", "record-sessions", "sessions"))
+    ap.add_argument("action", choices=("record", "synth", "pieces", "vcurve", "replay", "rounds",
+                                       "record-sessions", "sessions"))
     ap.add_argument("traces", nargs="+", help="trace files (vcurve: the output file)")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
@@ -275,6 +304,9 @@ def main() -> int:
         return 0
     if args.action == "synth":
         synth(args.traces[0], args.model, args.prompts)
+        return 0
+    if args.action == "pieces":
+        add_pieces(args.traces, args.model)
         return 0
     if args.action == "vcurve":
         measure_curve(args.traces[0], args.model, args.n_max)

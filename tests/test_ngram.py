@@ -372,3 +372,85 @@ def test_a_rule_kept_against_is_dropped():
     pos = 2 * 22 + 4 * 20 + 5  # kept a fourth time: dropped, the source is copied as it is
     draft = d.draft([*prompt, *out[:pos]], 30).tokens
     assert draft == out[pos : pos + 30] and 90 not in draft
+
+
+
+def test_word_of_strips_spaces_and_punctuation():
+    from localspec.core.drafters.ngram import word_of
+
+    texts = (" lo", "(lo", "'lo", "lo", " long", "._x1(", "a.b", "(", "")
+    assert [word_of(t) for t in texts] == ["lo", "lo", "lo", "lo", "long", "_x1", None, None, None]
+
+
+TEXTS = {7: " lo", 8: " low", 9: "(lo", 10: "(low"}
+
+
+def spelled_text(t: int) -> str:
+    return TEXTS.get(t, f" w{t}")
+
+
+def spelled_file(spellings: dict[int, int], seed: int = 0):
+    """A 'file' of distinct tokens with " lo" (7) every 30 tokens and "(lo" (9) at the
+    given positions, and its output: each 7 renamed " low" (8), each 9 as `spellings`
+    says (10: renamed "(low", 9: kept). Token texts: `spelled_text`."""
+    rng = random.Random(seed)
+    src = [rng.randrange(1000, 100000) for _ in range(240)]
+    for i in range(29, 240, 30):
+        src[i] = 7
+    for i in spellings:
+        src[i] = 9
+    out = [8 if t == 7 else t for t in src]
+    for i, t in spellings.items():
+        out[i] = t
+    return src, out
+
+
+def following(d: NgramDrafter, out, prompt=(1, 2)) -> NgramDrafter:
+    d.begin(list(prompt))
+    d.draft([*prompt, *out[:5]], 8)  # a match: the copy is followed from here
+    return d
+
+
+def test_a_draft_stops_before_another_spelling_of_a_renamed_word():
+    """Given the tokens' texts, once the output has renamed " lo" to " low" (SURE times:
+    drafted renamed), a draft stops before "(lo", another token holding the word lo,
+    instead of copying it as it was and breaking there; without the texts the draft runs
+    into it."""
+    src, out = spelled_file({100: 10})
+    prompt = [1, 2]
+    pos = 80  # " lo" renamed at 29 and 59
+    d = following(NgramDrafter(3, 12, extra=src, text=spelled_text), out)
+    assert d.draft([*prompt, *out[:pos]], 40).tokens == out[pos:100]
+    blind = following(NgramDrafter(3, 12, extra=src), out)
+    drafted = blind.draft([*prompt, *out[:pos]], 40).tokens
+    assert drafted[:20] == out[pos:100] and drafted[20] == 9  # "(lo" copied: rejected there
+
+
+def test_a_kept_spelling_of_a_renamed_word_is_copied_again():
+    """A token holding a renamed word that the output keeps SURE (2) times is copied as
+    it is again (" lo" renamed, "(lo" left alone by this edit)."""
+    src, out = spelled_file({65: 9, 75: 9, 85: 9, 100: 9})
+    prompt = [1, 2]
+    d = following(NgramDrafter(3, 12, extra=src, text=spelled_text), out)
+    assert d.draft([*prompt, *out[:62]], 20).tokens == out[62:65]  # never kept: unsure
+    assert d.draft([*prompt, *out[:72]], 20).tokens == out[72:75]  # kept once
+    assert d.draft([*prompt, *out[:80]], 30).tokens == out[80:110]  # kept twice: copied
+
+
+def test_the_runtime_gives_the_copying_drafter_the_targets_token_texts():
+    """make_drafter hands an edit's n-gram drafter (a text to copy given) the target's
+    token texts, so it stops before other spellings of a renamed word; with no text to
+    copy there is nothing to follow and none are looked up."""
+    from fakes import FakeModel
+
+    from localspec.core.config import SamplingConfig, SpecConfig
+    from localspec.runtime import make_drafter
+
+    src, out = spelled_file({100: 10})
+    target = FakeModel(texts={t: s.encode() for t, s in TEXTS.items()})
+    d = make_drafter(SpecConfig(mode="ngram", ngram_min=3, ngram_max=12), SamplingConfig(),
+                     None, src, target)
+    prompt = [1, 2]
+    d = following(d, out)
+    assert d.draft([*prompt, *out[:80]], 40).tokens == out[80:100]
+    assert make_drafter(SpecConfig(mode="ngram"), SamplingConfig(), None, (), target).subs.word is None

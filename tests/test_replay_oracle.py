@@ -154,3 +154,42 @@ def test_rounds_against_the_oracle_add_up_to_the_gap(curve):
     assert spent == pytest.approx(rp.replay(tr, auto(), v, 0.0, 64, False))
     assert sum(r["regret"] for r in rows) == pytest.approx(spent - rp.oracle(tr, ng(), v, 64))
     assert sum(r["accepted"] + 1 for r in rows) == len(tr["ids"]) - 1
+
+
+def spelled_trace(seed: int = 0) -> dict:
+    """A rename reaching every spelling of a word: " lo" (7) every 40 tokens, and "(lo",
+    "'lo", ".lo" (9, 11, 13) each twice in the second half, all renamed ("low"); the
+    trace's "pieces" give the tokens' texts, as `replay_policy.py pieces` adds them."""
+    rng = random.Random(seed)
+    src = [rng.randrange(1000, 5000) for _ in range(1200)]
+    for i in range(39, len(src), 40):
+        src[i] = 7
+    for j, t in enumerate((9, 11, 13, 9, 11, 13)):
+        src[620 + 90 * j] = t
+    texts = {7: " lo", 8: " low", 9: "(lo", 10: "(low", 11: "'lo", 12: "'low", 13: ".lo", 14: ".low"}
+    out = [t + 1 if t in texts and t % 2 else t for t in src]
+    pieces = {str(t): texts.get(t, f" w{t}") for t in {*src, *out, 1, 2, 3}}
+    return {"prompt": [1, 2, *src, 3], "ids": out, "extra": src, "tag": "edit", "pieces": pieces}
+
+
+@pytest.mark.parametrize("curve", CURVES)
+def test_a_trace_with_token_texts_stops_before_other_spellings(curve):
+    """With the trace's token texts (as the runtime gives the target's), auto's drafts
+    stop before each new spelling of the renamed word instead of breaking on it (a
+    broken long draft costs every token drafted past the break), and the edit replays
+    faster for it; without them drafts break there."""
+    tr, v = spelled_trace(), CURVES[curve]
+    plain = rp.replay(tr, NoDrafter(), v, 0.0, 1, False)
+    spellings = {620 + 90 * j for j in range(6)}
+
+    def run(trace):
+        def auto():
+            return AutoDrafter(rp.trace_ngram(trace, (3, 12)), None, rp.tuned(v, 0.0), k_max=256)
+
+        rows = rp.rounds_against_oracle(trace, auto(), rp.trace_ngram(trace, (3, 12)), v, 0.0, 256)
+        broken = {r["pos"] + r["accepted"] for r in rows if r["accepted"] < r["drafted"]}
+        return plain / rp.replay(trace, auto(), v, 0.0, 256, False), len(broken & spellings)
+
+    (blind, blind_broken), (seen, seen_broken) = run({**tr, "pieces": None}), run(tr)
+    assert seen_broken == 0 < blind_broken
+    assert seen > blind

@@ -189,13 +189,26 @@ def fresh_then_stored(tr: dict, ng, model, v: list[float], c: float, k: int, noi
 
 
 
+def token_text(tr: dict):
+    """token -> its text, from a trace's "pieces" ({id: text} for the tokens in it, as
+    `replay_policy.py pieces` adds them), or None for a trace without them."""
+    pieces = tr.get("pieces")
+    return None if not pieces else (lambda t: pieces.get(str(t), ""))
+
+
+def trace_ngram(tr: dict, sizes: tuple[int, int]) -> NgramDrafter:
+    """The n-gram drafter a trace's generation ran with: its `extra` text to copy and,
+    where the trace has them, the tokens' texts (as the runtime gives the target's)."""
+    return NgramDrafter(*sizes, extra=tr["extra"], text=token_text(tr))
+
+
 def replay_trace(tr: dict, v: list[float], c: float, args) -> dict[str, float]:
     """Speedups over plain decoding of every fixed choice and of auto (informed by a tune
     profile, fresh, and second run), mean over the noise seeds."""
-    sizes, extra = (args.edit_ngram if tr["tag"] == "edit" else (1, 4)), tr["extra"]
+    sizes = args.edit_ngram if tr["tag"] == "edit" else (1, 4)
 
-    def ng(sizes=sizes, extra=extra) -> NgramDrafter:
-        return NgramDrafter(*sizes, extra=extra)
+    def ng(sizes=sizes) -> NgramDrafter:
+        return trace_ngram(tr, sizes)
 
     def model(tr=tr) -> ReplayModelDrafter | None:
         return ReplayModelDrafter(tr) if args.model else None

@@ -12,12 +12,17 @@ has replaced that source token SURE times more often than kept it (till then a d
 stops before it). A longer change (tokens inserted, or a few replaced by others) is
 learned the same way where the output goes on with the source after it (`_Rules`: what
 was written in place of what, between which two source tokens). A draft copies past a
-change site seen before into the unchanged stretch behind it. The target verifies every
-draft, so this changes only what is proposed."""
+change site seen before into the unchanged stretch behind it. Given the tokens' texts
+(`text`), a draft also stops before a source token that holds a word the output renamed
+elsewhere in another token ("(lo" and "'lo" once " lo" became " low"), until the output
+has kept that token SURE times: a rename reaches every spelling of its word, and a draft
+broken there costs all the tokens drafted past it. The target verifies every draft, so
+this changes only what is proposed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +30,14 @@ from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.tuning import REWRITE_SPAN, SURE
 
 RUN_CAP = 1024  # how far back a match is extended to measure the run it continues
+_WORD = re.compile(r"\W*(\w+)\W*")
+
+
+def word_of(text: str) -> str | None:
+    """The one word a token's text holds, without the spaces and punctuation around it
+    (" lo", "(lo" and "'lo" hold "lo"; " long" holds "long"), or None."""
+    m = _WORD.fullmatch(text)
+    return m.group(1) if m else None
 
 
 @dataclass
@@ -86,11 +99,16 @@ class _Follow:
 
 class _Substitutions:
     """Source token -> the tokens the output wrote in its place, with how often, and how
-    often it was kept, learned from the copy followed (`_Follow`)."""
+    often it was kept, learned from the copy followed (`_Follow`). With the tokens' texts
+    (`word`: token -> the word it holds), the words of replaced source tokens are
+    `renamed`, and a source token never replaced that holds one is unsure until kept
+    SURE times."""
 
-    def __init__(self) -> None:
+    def __init__(self, word: Callable[[int], str | None] | None = None) -> None:
         self.replaced: dict[int, dict[int, int]] = {}
         self.kept: dict[int, int] = {}
+        self.word = word
+        self.renamed: set[str] = set()
 
     def __call__(self, token: int) -> int | None:
         """The token the output is expected to write for source `token`, or None while
@@ -99,6 +117,8 @@ class _Substitutions:
         there, which the round yields anyway, adds to the evidence)."""
         seen = self.replaced.get(token)
         if not seen:
+            if self.renamed and self.word(token) in self.renamed and self.kept.get(token, 0) < SURE:
+                return None  # its word was renamed in another token: the target decides
             return token
         out, n = max(seen.items(), key=lambda kv: kv[1])
         kept = self.kept.get(token, 0)
@@ -108,11 +128,13 @@ class _Substitutions:
 
     def learn(self, source: int, output: int) -> None:
         if source == output:
-            if source in self.replaced:
+            if source in self.replaced or (self.renamed and self.word(source) in self.renamed):
                 self.kept[source] = self.kept.get(source, 0) + 1
             return
         seen = self.replaced.setdefault(source, {})
         seen[output] = seen.get(output, 0) + 1
+        if self.word is not None and (w := self.word(source)) is not None and w != self.word(output):
+            self.renamed.add(w)
 
 
 class _Rule:
@@ -165,13 +187,14 @@ class NgramDrafter(DrafterBase):
     """Longest suffix match from ngram_max down to ngram_min, most recent occurrence.
 
     `extra` is an optional second source (e.g. a file's tokens) searched after the
-    context at each n-gram size.
+    context at each n-gram size; `text` (token -> its text), where given, lets a copy
+    followed across a rename stop before other spellings of the renamed word.
     """
 
     name = "ngram"
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4, extra: Sequence[int] = (),
-                 follow: bool = True) -> None:
+                 follow: bool = True, text: Callable[[int], str] | None = None) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
         self.sizes = range(ngram_min, ngram_max + 1)
@@ -179,7 +202,14 @@ class NgramDrafter(DrafterBase):
         self.extra.extend(extra)
         self.ctx = _Index(self.sizes)
         self.follow = follow  # follow the copy of `extra` across changes (module docstring)
-        self.subs = _Substitutions()
+        words: dict[int, str | None] = {}
+
+        def word(token: int) -> str | None:
+            if token not in words:
+                words[token] = word_of(text(token))
+            return words[token]
+
+        self.subs = _Substitutions(word if text is not None else None)
         self.rules = _Rules()
         self._follow: _Follow | None = None
 
