@@ -267,9 +267,13 @@ class Row:
 def load_tasks(which: list[str], only: int) -> list[wl.Workload]:
     out = []
     for key in which:
-        path, base = TASK_FILES[key]
+        # a built-in set, or a workload JSONL of one's own (files relative to it)
+        path, base = TASK_FILES[key] if key in TASK_FILES else (Path(key), None)
+        if not path.is_file():
+            sys.exit(f"--tasks: no such task set or file: {key}")
         items = wl.load_jsonl(path, base=base)
-        out += [wl.Workload(f"{key}-{i}", w.tag, w.prompt, w.file, w.text, w.instruction)
+        tag = key if key in TASK_FILES else path.stem
+        out += [wl.Workload(f"{tag}-{i}", w.tag, w.prompt, w.file, w.text, w.instruction)
                 for i, w in enumerate(items, 1)]
     return out[:only] if only > 0 else out
 
@@ -325,7 +329,8 @@ def main() -> None:
     ap.add_argument("--llama-server", default=None, metavar="PATH")
     ap.add_argument("--build", action="store_true", help="build llama-server first (see the docstring)")
     ap.add_argument("--model", "-m", default=None, help="target [default: the manifest's default]")
-    ap.add_argument("--tasks", default="edit,heldout", help="comma-separated: edit (built-in), heldout (scripts/heldout), or both")
+    ap.add_argument("--tasks", default="edit,heldout", help="comma-separated: edit (built-in), heldout (scripts/heldout), "
+                    "or paths of workload JSONL files")
     ap.add_argument("--only", type=int, default=0, help="the first N workloads only")
     ap.add_argument("-n", "--n-predict", type=int, default=0,
                     help="token limit per generation [default: enough for the file]")

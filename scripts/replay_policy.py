@@ -295,6 +295,10 @@ def main() -> int:
     ap.add_argument("--peer", action="store_true", help="replay: also llama-server's n-gram "
                     "settings (ngram-simple at 16 and 48, ngram-mod) on the same traces and "
                     "curve, and auto's speedup over the best of them")
+    ap.add_argument("--wall", type=lambda s: tuple(float(x) for x in s.split(",")),
+                    metavar="PREFILL_TOK_S,T1_MS,OTHER_S", help="replay: a first edit's whole "
+                    "wall time on that machine (prefill + decode + other), plain against auto "
+                    "with no profile and llama-server's best, e.g. 133,86,1.7 on the AMX Xeon")
     args = ap.parse_args()
     if args.action == "record":
         record(args.traces[0], args.model, args.draft, args.prompts, args.fast)
@@ -331,16 +335,19 @@ def main() -> int:
             rows += [(tr["name"] if len(args.traces) == 1 else f"{path.split('/')[-1][:4]}:{tr['name']}",
                       replay_trace(tr, v, c, args)) for tr in json.load(f)]
     report(rows, args.k_max)
-    if args.peer:
-        report_peer(args.traces, rows, v, args.k_max)
+    if args.peer or args.wall:
+        report_peer(args.traces, rows, v, args.k_max, args.wall)
     return 0
 
 
 def report_peer(paths: list[str], rows: list[tuple[str, dict[str, float]]], v: list[float],
-                k_max: list[int]) -> None:
+                k_max: list[int], wall: tuple[float, float, float] | None = None) -> None:
     """llama-server's n-gram settings replayed on the same traces and curve (its drafters
     as localspec.bench.llamacpp_policies re-implements them): each setting's speedup
-    over plain, and auto's (informed, fresh) over the best of them."""
+    over plain, and auto's (informed, fresh) over the best of them. `wall` (prefill
+    tok/s, one-token ms, other s): a first edit's whole wall time, prefill + decode +
+    other (loading, writing), plain against auto with no profile (fresh) and against
+    the best llama-server setting."""
     from localspec.bench.llamacpp_policies import llamacpp_settings
     from localspec.bench.replay import replay
     from localspec.core.drafters.base import NoDrafter
@@ -349,13 +356,22 @@ def report_peer(paths: list[str], rows: list[tuple[str, dict[str, float]]], v: l
     names = [d.name for d in llamacpp_settings()]
     k = max(k_max)
     print(f"\nllama-server's settings replayed (speedup over plain); auto {k} over the best of them")
-    print(f"{'trace':14} " + " ".join(f"{n:>18}" for n in names) + f" {'auto / best':>12} {'fresh / best':>12}")
+    print(f"{'trace':14} " + " ".join(f"{n:>18}" for n in names) + f" {'auto / best':>12} {'fresh / best':>12}"
+          + (f" {'wall: plain s':>13} {'fresh s':>8} {'speedup':>8} {'llama best':>10}" if wall else ""))
     for (name, out), tr in zip(rows, traces):
         plain = replay(tr, NoDrafter(), v, 0.0, 1, False)
         peer = [plain / replay(tr, d, v, 0.0, 256, False) for d in llamacpp_settings()]
         best = max(peer)
-        print(f"{name:14} " + " ".join(f"{x:17.2f}x" for x in peer)
-              + f" {out[f'auto {k}'] / best:11.2f}x {out[f'fresh {k}'] / best:11.2f}x")
+        line = (f"{name:14} " + " ".join(f"{x:17.2f}x" for x in peer)
+                + f" {out[f'auto {k}'] / best:11.2f}x {out[f'fresh {k}'] / best:11.2f}x")
+        if wall:
+            tok_s, t1_ms, other = wall
+            fixed = len(tr["prompt"]) / tok_s + other
+            decode = (len(tr["ids"]) - 1) * t1_ms / 1000
+            line += (f" {fixed + decode:13.1f} {fixed + decode / out[f'fresh {k}']:8.1f}"
+                     f" {(fixed + decode) / (fixed + decode / out[f'fresh {k}']):7.2f}x"
+                     f" {(fixed + decode) / (fixed + decode / best):9.2f}x")
+        print(line)
 
 
 def load(args) -> Profile:
