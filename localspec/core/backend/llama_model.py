@@ -80,6 +80,7 @@ class Model(PrefixReuse, Owned):
             _ll.llama_model_free(self._model)
             raise
         self._mem = _ll.llama_get_memory(self._ctx)
+        self._n_ctx_seq = int(_ll.llama_n_ctx_seq(self._ctx))
         self.n_ctx = _ll.llama_n_ctx(self._ctx)
         self.n_batch = _ll.llama_n_batch(self._ctx)
         self.n_vocab = _ll.llama_vocab_n_tokens(self._vocab)
@@ -133,6 +134,7 @@ class Model(PrefixReuse, Owned):
             _ll.llama_model_free(self._model)
             raise
         self._mem = _ll.llama_get_memory(self._ctx)
+        self._n_ctx_seq = int(_ll.llama_n_ctx_seq(self._ctx))
 
     # ----- vocabulary -------------------------------------------------------------
 
@@ -268,8 +270,10 @@ class Model(PrefixReuse, Owned):
 
     @property
     def n_ctx_seq(self) -> int:
-        """Context available to one sequence (n_ctx is split across n_seq_max)."""
-        return int(_ll.llama_n_ctx_seq(self._ctx))
+        """Context available to one sequence (n_ctx is split across n_seq_max). Read once
+        per context: every round asks, and a ctypes call releases the GIL (the server's
+        event loop would take it between two decodes)."""
+        return self._n_ctx_seq
 
     def seq_tokens(self, seq: int = 0) -> list[int]:
         """What sequence `seq`'s KV cells hold (sequence 0 is `cached`)."""
