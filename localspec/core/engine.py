@@ -286,10 +286,13 @@ class Generation:
             self.draft = Draft()  # too short to be worth a batched verify
         return [self.id_last, *self.draft.tokens]
 
-    def accept(self, rows: np.ndarray, decode_s: float) -> list[Event]:
+    def accept(self, rows: np.ndarray, decode_s: float, alone: bool = True) -> list[Event]:
         """3. accept and 4. rewind, given the logits of every row of plan()'s batch (already
         decoded into the sequence's cells) and the decode's time. Returns Round, then a
-        Token per new token: the accepted prefix and the target's own (correction/bonus)."""
+        Token per new token: the accepted prefix and the target's own (correction/bonus).
+        `alone`: whether the decode held this batch only; one shared with other sequences
+        (the server's) took longer than this batch costs, so the drafter is told no time
+        (auto would learn a one-token decode as dear as a whole batch's)."""
         t0 = time.perf_counter()
         draft, n_draft = self.draft, len(self.draft.tokens)
         n_past = len(self.tokens) - 1
@@ -303,7 +306,7 @@ class Generation:
             row[0] += n_draft
             row[1] += n_accept
         self.adaptive_k.update(n_draft, n_accept)
-        self.drafter.observe(n_draft, n_accept, verify_s, self.draft_s)
+        self.drafter.observe(n_draft, n_accept, verify_s if alone else None, self.draft_s)
         events: list[Event] = [Round(n_draft, n_accept, draft.source, self.k)]
         for i, tok in enumerate([*draft.tokens[:n_accept], id_next]):
             self.tokens.append(tok)

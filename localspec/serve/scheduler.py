@@ -379,12 +379,13 @@ class Scheduler:
         self.metrics.step(sum(len(t) for _, t, _ in entries), n_prefill, dt, speculate)
         n_new = 0
         for (_, toks, _), a, r in zip(entries, owners, rows):
-            n_new += self._guard(a, self._take, a, len(toks), r, dt, dl) or 0
+            n_new += self._guard(a, self._take, a, len(toks), r, dt, dl, len(entries) == 1) or 0
         if not n_prefill:
             self.metrics.decode_step(len(entries), speculate, dt, n_new)
 
-    def _take(self, a: _Active, n: int, rows: np.ndarray, dt: float, dl: float) -> int:
-        """Hand this sequence its rows; returns how many tokens it emitted."""
+    def _take(self, a: _Active, n: int, rows: np.ndarray, dt: float, dl: float, alone: bool) -> int:
+        """Hand this sequence its rows; returns how many tokens it emitted. `alone`: the
+        decode held its rows only (else `dt` is the shared step's, not its round's cost)."""
         st = a.state
         before = st.stats.generated
         st.stats.llama_s += dl  # the shared decode's time, as this sequence experienced it
@@ -392,7 +393,7 @@ class Scheduler:
             events = st.prefilled(n, rows)
             self.metrics.first_token(st.stats.generated - before)
         else:
-            events = st.accept(rows, dt)
+            events = st.accept(rows, dt, alone)
             rnd: Round = events[0]  # accept() returns the Round first, then the tokens
             self.metrics.round(rnd.n_draft, rnd.n_accept, st.stats.generated - before, rnd.source)
         tokens = [ev for ev in events if isinstance(ev, Token)]

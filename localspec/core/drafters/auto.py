@@ -369,16 +369,19 @@ class AutoDrafter(DrafterBase):
             return best_k([OPTIMISTIC] * max(min(k, MODEL_K_MAX), 1), self.cost, self.cost.c()).k > 0
         return self._model_pays
 
-    def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
+    def observe(self, n_draft: int, n_accept: int, verify_s: float | None, draft_s: float) -> None:
         plan = self._last
         t1 = self.cost.t1()
-        if n_draft and t1:
-            # a verify of n tokens costs at most n one-token decodes: a round that took
-            # longer stalled (another process had the cores), as plain rounds do too.
-            # Taken in full, one stalled round of a size tried once priced it and its
-            # neighbours out for good, and its loss shut drafting off for the whole run
-            verify_s = min(verify_s, (n_draft + 1) * t1)
-        self.cost.observe_verify(n_draft + 1, verify_s)
+        if verify_s is None:  # decoded with other sequences' rows: not timed, priced at the estimate
+            verify_s = self.cost.v(n_draft + 1) * t1 if t1 else 0.0
+        else:
+            if n_draft and t1:
+                # a verify of n tokens costs at most n one-token decodes: a round that took
+                # longer stalled (another process had the cores), as plain rounds do too.
+                # Taken in full, one stalled round of a size tried once priced it and its
+                # neighbours out for good, and its loss shut drafting off for the whole run
+                verify_s = min(verify_s, (n_draft + 1) * t1)
+            self.cost.observe_verify(n_draft + 1, verify_s)
         if n_draft and t1:  # what this round cost beyond plain decoding of the same tokens
             spent = (verify_s + draft_s) / t1
             self.lost += spent - (n_accept + 1)

@@ -31,8 +31,10 @@ class Drafter(Protocol):
         An empty draft is valid: the engine then decodes one token plainly.
         """
 
-    def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
-        """Feedback after each verify (the auto policy learns from it)."""
+    def observe(self, n_draft: int, n_accept: int, verify_s: float | None, draft_s: float) -> None:
+        """Feedback after each verify (the auto policy learns from it). `verify_s` is None
+        when the decode was shared with other sequences (a server's batch): its time is
+        not what this round cost."""
 
     def report(self) -> dict:
         """Drafter-specific statistics for the end of a generation."""
@@ -65,7 +67,7 @@ def finished(drafter: Drafter, tokens: Sequence[int]) -> None:
 class DrafterBase:
     """No-op feedback hooks for drafters that do not learn, and no grammar."""
 
-    def observe(self, n_draft: int, n_accept: int, verify_s: float, draft_s: float) -> None:
+    def observe(self, n_draft: int, n_accept: int, verify_s: float | None, draft_s: float) -> None:
         pass
 
     def constrain(self, grammar: object | None) -> None:

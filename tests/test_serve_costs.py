@@ -1,0 +1,115 @@
+"""What the server's speculation learns of verify costs, on SmolLM2 (the rounds) and in
+pure code (auto's bookkeeping):
+
+- a round decoded in a step shared with other sequences' rows is not timed: its
+  drafter is told no verify time (auto learned a one-token decode as dear as a whole
+  batch's, halved every V(n) after a phase at two clients, and then drafted at a loss);
+- auto given no time keeps its cost model as it was and still counts the round.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from localspec.core.backend import Model
+from localspec.core.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.drafters.auto import AutoDrafter, Learned
+from localspec.core.drafters.base import Draft, DrafterBase
+from localspec.core.drafters.ngram import NgramDrafter
+from localspec.serve.jobs import Failed, Finished, Job
+from localspec.serve.scheduler import Scheduler, SchedulerConfig
+
+SLOTS = 2
+
+
+@pytest.fixture(scope="module")
+def model(smol_path):
+    m = Model(ModelConfig(path=smol_path, n_ctx=SLOTS * 1024, n_seq_max=SLOTS, n_threads=1))
+    yield m
+    m.close()
+
+
+class _Spy(DrafterBase):
+    """Drafts nothing; records, for each round, the verify time it was told and how many
+    sequences the decode it came from held."""
+
+    name = "spy"
+
+    def __init__(self, seen: list[tuple[float | None, int]], entries: list[int]) -> None:
+        self.seen, self.entries = seen, entries
+
+    def begin(self, prompt) -> None:
+        pass
+
+    def draft(self, context, k) -> Draft:
+        return Draft()
+
+    def observe(self, n_draft, n_accept, verify_s, draft_s) -> None:
+        self.seen.append((verify_s, self.entries[-1]))
+
+
+def test_a_round_decoded_beside_other_sequences_is_not_timed(model, monkeypatch):
+    entries: list[int] = []
+    decode_multi = model.decode_multi
+
+    def counting(batch, *a, **kw):
+        entries.append(len(batch))
+        return decode_multi(batch, *a, **kw)
+
+    monkeypatch.setattr(model, "decode_multi", counting)
+    seen: list[tuple[float | None, int]] = []
+    for s in range(SLOTS):
+        model.rewind(0, force=True, seq=s)
+    sched = Scheduler(model, SchedulerConfig(n_slots=SLOTS, spec=SpecConfig(mode="none")),
+                      drafter_factory=lambda spec, sampling, extra: _Spy(seen, entries))
+    sched.start()
+    try:
+        done = [threading.Event(), threading.Event()]
+        results: list[object] = [None, None]
+
+        def sink(i: int):
+            def put(ev: object) -> None:
+                if isinstance(ev, (Finished, Failed)):
+                    results[i] = ev
+                    done[i].set()
+            return put
+
+        prompts = [model.tokenize("Count from one to forty in words."),
+                   model.tokenize("List the planets of the solar system, one per line.")]
+        n = (48, 24)  # the second ends first: the first decodes alone after it
+        for i in range(2):
+            sched.submit(Job(prompts[i], SamplingConfig(temperature=0.0), GenerationConfig(max_tokens=n[i]),
+                             sink=sink(i)))
+        for d in done:
+            assert d.wait(120)
+    finally:
+        sched.stop()
+    assert all(isinstance(r, Finished) for r in results)
+    shared = [v for v, e in seen if e > 1]
+    alone = [v for v, e in seen if e == 1]
+    assert shared and alone, "the run must have rounds of both kinds"
+    assert all(v is None for v in shared)
+    assert all(v is not None and v > 0 for v in alone)
+
+
+
+
+def test_auto_told_no_time_keeps_its_costs_and_counts_the_round():
+    learned = Learned()
+    auto = AutoDrafter(NgramDrafter(1, 4), None, None, k_max=8, learned=learned)
+    auto.begin([1, 2, 3])
+    for _ in range(5):  # plain rounds timed alone: the one-token time
+        auto.observe(0, 0, 0.01, 0.0)
+    cost = learned.cost
+    before = {n: list(t) for n, t in cost.times.items()}
+    t1 = cost.t1()
+    assert t1 is not None
+    auto.observe(0, 0, None, 0.0)  # a plain round of a shared step
+    auto.observe(3, 1, None, 0.0)  # a drafted one
+    assert {n: list(t) for n, t in cost.times.items()} == before
+    assert cost.t1() == t1
+    assert auto.produced == 5 + 1 + 2
+    # the drafted round is priced at the estimate: it lost what V(4) costs beyond 2 tokens
+    assert auto.lost == pytest.approx(cost.v(4) - 2)
