@@ -11,7 +11,13 @@ tok/s (completion tokens of every request / the cell's wall time) and the mean t
 first token (streaming: the first content chunk; not streaming: the whole reply).
 
     python scripts/serve_vs_llama_server.py --clients 1,2,4,8 --requests 2 -n 128 \
-        --prompts 50,1500 --stream both [--localspec-args "--spec none"]
+        --prompts 50,1500,edit --stream both [--localspec-args "--spec none"]
+
+--localspec-args may be given more than once: one localspec server per value, all in the
+same run (`--localspec-args "" --localspec-args "--spec none"`: the default settings
+beside speculation off). Prompts: 50 (a short code request), a token count (a code
+review of about that many tokens: the reply copies little of it), or `edit` (the
+built-in edit tasks, the whole file asked back: the reply copies most of the prompt).
 
 Where llama-server comes from: --llama-server PATH, $LLAMA_SERVER, or the build
 scripts/compare_llama_server.py --build makes.
@@ -44,6 +50,14 @@ from localspec.core import backend  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = ("Write a Python function that parses a CSV file of orders (id, customer, amount, date) "
          "and returns the total amount per customer, with a docstring and type hints.")
+
+
+def edit_prompts() -> list[str]:
+    """The built-in edit tasks as chat requests that ask for the whole file back."""
+    base = ROOT / "localspec" / "workloads"
+    tasks = [json.loads(line) for line in (base / "edit" / "tasks.jsonl").read_text().splitlines() if line.strip()]
+    return [f"{t['instruction']} Reply with the complete updated file in one code block.\n\n"
+            f"```\n{(base / t['file']).read_text()}```" for t in tasks]
 
 
 def long_prompt(n_tokens: int) -> str:
@@ -148,7 +162,8 @@ def main() -> None:
     ap.add_argument("--stream", default="no", choices=("no", "yes", "both"))
     ap.add_argument("-np", "--parallel", type=int, default=0, help="slots [default: the most clients]")
     ap.add_argument("-t", "--threads", type=int, default=backend.default_threads())
-    ap.add_argument("--localspec-args", default="--spec none")
+    ap.add_argument("--localspec-args", action="append", default=None,
+                    help='localspec serve flags [default: "--spec none"]; repeat for several servers')
     ap.add_argument("--server-args", default="", help="extra llama-server flags")
     ap.add_argument("--only", default="both", choices=("both", "localspec", "llama-server"))
     ap.add_argument("--json", default=None, metavar="FILE")
@@ -168,11 +183,14 @@ def main() -> None:
             "-b", "512", "-ub", "512", "--no-webui", "--jinja", *shlex.split(args.server_args)], p, log_dir))
     if args.only in ("both", "localspec"):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        servers.append(Server("localspec", [
-            sys.executable, "-m", "localspec", "serve", "-m", str(model), "--port", str(p := free_port()),
-            "-c", str(n_ctx), "-np", str(slots), "-t", str(args.threads), "--no-log",
-            *shlex.split(args.localspec_args)], p, log_dir, env))
-    sizes = [int(x) for x in args.prompts.split(",")]
+        variants = args.localspec_args or ["--spec none"]
+        for i, extra in enumerate(variants):
+            name = "localspec" if i == 0 else f"localspec[{extra or 'default'}]"
+            servers.append(Server(name, [
+                sys.executable, "-m", "localspec", "serve", "-m", str(model), "--port", str(p := free_port()),
+                "-c", str(n_ctx), "-np", str(slots), "-t", str(args.threads), "--no-log",
+                *shlex.split(extra)], p, log_dir, env))
+    sizes = args.prompts.split(",")
     streams = {"no": [False], "yes": [True], "both": [False, True]}[args.stream]
     rows = []
     with contextlib.ExitStack() as up:  # each server started once (--only: there is one)
@@ -182,13 +200,18 @@ def main() -> None:
             cell(srv.url, [SHORT], 1, 1, 8, False)
         k = 0
         for size in sizes:
-            prompts = [SHORT + f" Call it variant {i}." for i in range(8)] if size <= 64 else \
-                [long_prompt(size) + f"\n(review {i})" for i in range(8)]
+            if size == "edit":
+                prompts = edit_prompts()
+            elif int(size) <= 64:
+                prompts = [SHORT + f" Call it variant {i}." for i in range(8)]
+            else:
+                prompts = [long_prompt(int(size)) + f"\n(review {i})" for i in range(8)]
             for stream in streams:
                 for c in cs:
                     order = servers if k % 2 == 0 else servers[::-1]
                     k += 1
-                    got = {s.name: cell(s.url, prompts, c, args.requests, args.n, stream) for s in order}
+                    ran = {s.name: cell(s.url, prompts, c, args.requests, args.n, stream) for s in order}
+                    got = {s.name: ran[s.name] for s in servers}  # reported in a fixed order
                     rows.append({"prompt": size, "stream": stream, "clients": c, **{
                         name: {key: v for key, v in r.items() if key != "texts"} for name, r in got.items()},
                         "same_texts": _same(got)})
@@ -199,22 +222,24 @@ def main() -> None:
 
 
 def _same(got: dict) -> str | None:
+    """How many of the first two servers' texts are the same."""
     if len(got) < 2:
         return None
-    a, b = (sorted(r["texts"]) for r in got.values())
+    a, b = (sorted(r["texts"]) for r in list(got.values())[:2])
     return f"{sum(x == y for x, y in zip(a, b))}/{len(a)}"
 
 
 def _line(row: dict) -> str:
-    ls, lp = row.get("localspec"), row.get("llama-server")
+    lp = row.get("llama-server")
     head = f"prompt {row['prompt']:>5}  stream {'yes' if row['stream'] else 'no ':3}  C={row['clients']:<2}"
     parts = [head]
-    for name, r in (("llama-server", lp), ("localspec", ls)):
-        if r:
+    for name, r in row.items():
+        if isinstance(r, dict):
             parts.append(f"{name} {r['tok_s']:6.2f} tok/s ttft {r['ttft_s']:6.2f}s")
-    if ls and lp:
-        parts.append(f"ratio {ls['tok_s'] / lp['tok_s']:.2f}x  ttft ratio {ls['ttft_s'] / lp['ttft_s']:.2f}x  "
-                     f"same {row['same_texts']}")
+            if lp and r is not lp:
+                parts.append(f"({r['tok_s'] / lp['tok_s']:.2f}x, ttft {r['ttft_s'] / lp['ttft_s']:.2f}x)")
+    if row.get("same_texts"):
+        parts.append(f"same {row['same_texts']}")
     return "  ".join(parts)
 
 
