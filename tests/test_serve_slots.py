@@ -238,14 +238,3 @@ def test_an_outbox_wakes_its_loop_once_for_the_events_posted_together():
     got, drains = asyncio.run(main())
     assert got == list(range(8))  # every event, in order
     assert drains == 1  # one wake-up (one byte) for all of them
-
-
-
-def test_the_warm_up_decodes_every_slot_and_leaves_no_cells(model):
-    for s in range(SLOTS):
-        model.rewind(0, force=True, seq=s)
-    sched = Scheduler(model, SchedulerConfig(n_slots=SLOTS, spec=SpecConfig(mode="none")))
-    before = model.llama_s
-    sched.warm_up()
-    assert model.llama_s > before  # a real decode ran
-    assert all(model.kv_len(s) == 0 and not model.seq_tokens(s) for s in range(SLOTS))

@@ -101,9 +101,6 @@ log = logging.getLogger("localspec.serve")
                    "cached runs of at least N tokens the prompt repeats further on, moved by KV shifting "
                    "(llama-server's --cache-reuse; approximate: greedy output may then differ from a "
                    "fresh prefill) [default: 0, off]")
-@click.option("--no-warmup", is_flag=True,
-              help="skip the warm-up decode at start-up (llama-server's flag): the first request "
-                   "then pays for llama.cpp's first-time allocations")
 @click.option("--no-log", is_flag=True, help="do not write requests to the acceptance log")
 @click.option("--no-memory", is_flag=True,
               help="do not draft from earlier replies (by default one memory per API key, kept "
@@ -116,8 +113,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
           spec_disable: int | None, api_key: str | None, max_tokens: int, max_tokens_limit: int,
           max_body_bytes: int, max_messages: int, prefill_chunk: int, alias: str | None,
           shutdown_timeout: float, header_timeout: float, timeout: float, max_connections: int,
-          allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...], cache_reuse: int, no_warmup: bool,
-          no_log: bool,
+          allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...], cache_reuse: int, no_log: bool,
           no_memory: bool, lookup: tuple[str, ...],
           **kw) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,
@@ -169,8 +165,6 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
                               spec=spec, spec_limits=limits, prefill_chunk=prefill_chunk,
                               cache_reuse=cache_reuse)
         scheduler = Scheduler(target, cfg, draft=draft)
-        if not no_warmup:  # before the server listens: /health is ok only after it
-            scheduler.warm_up()
         corpus = _lookup_index(target, lookup) if lookup else None
         settings = ServeSettings(
             model_id=model_id_for(target.path, alias), api_key=api_key, max_body_bytes=max_body_bytes,
@@ -179,8 +173,6 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
             lookup=corpus, host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
         )
         app = create_app(scheduler, target, settings)
-        if not no_warmup:
-            app.state.api.warm_up()
         rule = limits.describe()
         click.echo(f"localspec serve: http://{_url_host(host)}:{port}/v1  model {settings.model_id}  "
                    f"{parallel} slots x {target.n_ctx_seq} tokens  spec {spec.mode}, {rule}"

@@ -280,18 +280,6 @@ class _Api:
                                logprobs=req.logprobs, grammar=req.grammar)
         return _Prepared(req, prompt, prompt_text, plan, gen, self._prediction(req))
 
-    def warm_up(self) -> None:
-        """Prepare one small chat request and build its reply (template compiled, body
-        models and modules loaded), so the first real request pays for none of it."""
-        body = json.dumps({"model": self.settings.model_id, "messages": [{"role": "user", "content": "hi"}],
-                           "stream": True}).encode()
-        try:
-            prep = self._prepare(body, "chat")
-            reply = Reply(prep.req, protocol.new_id("chat"), 0, self.settings.model_id, self.target, prep.plan, "")
-            _sse(reply.piece("hi", ())[0])
-        except Exception:  # a warm-up must never stop the server
-            log.debug("request warm-up failed", exc_info=True)
-
     def _prediction(self, req: GenRequest) -> list[int]:
         """The prediction's tokens (a draft source the scheduler indexes): at most a
         slot's context, the most a reply can repeat of it."""

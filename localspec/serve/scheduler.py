@@ -136,19 +136,6 @@ class Scheduler:
         # decode (or when nothing decodes next): see _flush
         self._outgoing: list[tuple[Job, object]] = []
 
-    def warm_up(self) -> None:
-        """One decode of a token on every slot, then the cells dropped (llama-server's
-        warm-up at start-up): the first request then finds llama.cpp's buffers and graph
-        allocated instead of paying for them in its time to first token. Call before
-        start(), on the thread that starts the server."""
-        t = self.target
-        token = t.bos if t.bos >= 0 else 0
-        try:
-            t.decode_multi([(seq, [token], 1) for seq in range(self.cfg.n_slots)])
-        finally:
-            for seq in range(self.cfg.n_slots):
-                t.rewind(0, force=True, seq=seq)
-
     # ----- the HTTP side --------------------------------------------------------------
 
     def start(self) -> None:
