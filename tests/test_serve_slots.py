@@ -202,39 +202,3 @@ def _feed(whole: bool) -> _Loop:
 def test_a_whole_reply_wakes_the_event_loop_once_a_stream_per_event():
     assert _feed(whole=True).calls == 1
     assert _feed(whole=False).calls == 6
-
-
-def test_an_outbox_wakes_its_loop_once_for_the_events_posted_together():
-    import asyncio
-    import os
-    import threading
-
-    from localspec.serve.jobs import Outbox
-
-    async def main() -> tuple[list[int], int]:
-        loop = asyncio.get_running_loop()
-        box = Outbox(loop)
-        got: list[int] = []
-        drains = 0
-        drain = box._drain
-
-        def counted() -> None:
-            nonlocal drains
-            drains += len(os.read(box._r, 4096))  # the bytes written to wake it
-            drain()
-        loop.remove_reader(box._r)
-        loop.add_reader(box._r, counted)
-        done = asyncio.Event()
-
-        def scheduler_side() -> None:  # one step's events for several requests
-            for i in range(8):
-                box.post(got.append, i)
-            box.post(done.set)
-        threading.Thread(target=scheduler_side).start()
-        await asyncio.wait_for(done.wait(), 10)
-        box.close()
-        return got, drains
-
-    got, drains = asyncio.run(main())
-    assert got == list(range(8))  # every event, in order
-    assert drains == 1  # one wake-up (one byte) for all of them

@@ -3,7 +3,7 @@
 Handlers never touch the llama.cpp context: they read the body, have it validated,
 rendered and tokenized (read-only on the vocabulary) on the preparation pool
 (admission.Preparation), submit a Job, and await its events on an asyncio.Queue that the scheduler
-thread fills through an Outbox (jobs.py). A watcher task per request cancels the
+thread fills through loop.call_soon_threadsafe. A watcher task per request cancels the
 job when the client disconnects, so its slot and KV cells are freed at the next step.
 """
 
@@ -39,7 +39,7 @@ from localspec.core.drafters.suffix import SuffixIndex
 from localspec.core.errors import GrammarError
 from localspec.core.tuning import MEMORY_MAX_TOKENS as MEMORY_TOKENS
 from localspec.serve import admission, guard, protocol
-from localspec.serve.jobs import Failed, Finished, Job, Outbox, Text, loop_sink
+from localspec.serve.jobs import Failed, Finished, Job, Text, loop_sink
 from localspec.serve.protocol import ApiError, GenRequest
 from localspec.serve.reply import Reply
 from localspec.serve.scheduler import Scheduler
@@ -75,15 +75,12 @@ def create_app(scheduler: Scheduler, target: Model, settings: ServeSettings) -> 
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        api.outbox_for(asyncio.get_running_loop())
         if not scheduler.alive:
             scheduler.start()
         try:
             yield
         finally:
             await asyncio.to_thread(scheduler.stop)
-            if api.outbox is not None:
-                api.outbox.close()
             api.preparation.close()
             api.log_pool.shutdown(wait=True)
 
@@ -156,14 +153,6 @@ class _Api:
         self.log_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-log")
         self.memories: dict[int | None, Memory] = {}  # by API key (its index in --api-key)
         self.preparation = admission.Preparation()
-        self.outbox: Outbox | None = None  # the scheduler's events to the serving loop
-
-    def outbox_for(self, loop: asyncio.AbstractEventLoop) -> Outbox:
-        """The Outbox of `loop` (the serving loop's, made at start-up): every request's
-        events go through it, one wake-up of the loop for all of a step's."""
-        if self.outbox is None or self.outbox.loop is not loop:
-            self.outbox = Outbox(loop)
-        return self.outbox
 
     # ----- plain routes -------------------------------------------------------------
 
@@ -226,9 +215,9 @@ class _Api:
             prep = await self.preparation.run(self.scheduler, self.metrics_, self._prepare, raw, kind)
             req = prep.req
             queue: asyncio.Queue = asyncio.Queue()
-            post = self.outbox_for(asyncio.get_running_loop()).post
+            loop = asyncio.get_running_loop()
             job = Job(prep.prompt, self._sampling(req), prep.gen,
-                      sink=loop_sink(post, queue.put_nowait, not req.stream), extra=prep.extra,
+                      sink=loop_sink(loop.call_soon_threadsafe, queue.put_nowait, not req.stream), extra=prep.extra,
                       memory=self._memory(who) if req.memory else None)
             admission.submit(self.scheduler, job, self.metrics_)
         except ApiError as e:

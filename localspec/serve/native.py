@@ -259,12 +259,12 @@ class Native:
                                param="prompt", code="context_length_exceeded")
             n = _budget(b, api.settings.default_max_tokens, api.settings.max_tokens_limit)
             queue: asyncio.Queue = asyncio.Queue()
-            post = api.outbox_for(asyncio.get_running_loop()).post
+            loop = asyncio.get_running_loop()
             gen = GenerationConfig(max_tokens=max(1, n), stop=tuple(s for s in b.stop or () if s),
                                    ignore_eos=bool(b.ignore_eos), n_indent=b.n_indent,
                                    t_max_predict_ms=b.t_max_predict_ms)
             job = Job(tokens, self._sampling(b), gen,
-                      sink=loop_sink(post, queue.put_nowait, not b.stream))
+                      sink=loop_sink(loop.call_soon_threadsafe, queue.put_nowait, not b.stream))
             admission.submit(api.scheduler, job, api.metrics_)
         except ApiError as e:
             api.metrics_.request(kind, str(e.status))

@@ -19,7 +19,7 @@ A failure while planning, decoding or accepting fails only the request it belong
 failed batched decode is retried one sequence at a time to find the culprit.
 
 The HTTP side talks to this thread only through `submit()` and each job's `sink`
-(called from this thread; the app hands its events to the event loop through an Outbox).
+(called from this thread; the app makes it thread-safe with call_soon_threadsafe).
 """
 
 from __future__ import annotations
@@ -132,9 +132,6 @@ class Scheduler:
         # llama.cpp's own count of the cells each slot held when it was last freed: all 0
         # unless a finished, cancelled or failed request left cells behind (/health shows it)
         self.kv_tokens = [0] * cfg.n_slots
-        # a step's events for the jobs' sinks, handed over together just before the next
-        # decode (or when nothing decodes next): see _flush
-        self._outgoing: list[tuple[Job, object]] = []
 
     # ----- the HTTP side --------------------------------------------------------------
 
@@ -224,13 +221,10 @@ class Scheduler:
                         break
                     self._admit()
                 self._step()
-                if not self.active:  # nothing decodes next: hand the events over now
-                    self._flush()
         except BaseException as exc:  # a bug in the loop itself: report it, refuse new work
             self.error = exc
             log.exception("scheduler stopped")
         finally:
-            self._flush()
             with self._cv:
                 self._stopping = True
                 pending, self.queue = list(self.queue), deque()
@@ -270,7 +264,7 @@ class Scheduler:
             except Exception as exc:
                 log.exception("could not start a request")
                 self.free.append(seq)
-                self._emit(job, Failed(f"could not start the request: {exc}"))
+                job.emit(Failed(f"could not start the request: {exc}"))
                 continue
             self.active.append(_Active(job, state))
 
@@ -347,7 +341,6 @@ class Scheduler:
 
     def _decode(self, entries: list[tuple[int, list[int], int]], owners: list[_Active],
                 speculate: bool) -> None:
-        self._flush()
         t0 = time.perf_counter()
         llama0 = self.target.llama_s
         try:
@@ -387,7 +380,7 @@ class Scheduler:
         text = "".join(ev.text for ev in tokens)
         logprobs = tuple(ev.logprob for ev in tokens if ev.logprob is not None)
         if text or logprobs:  # a token whose text is held back still has its logprob
-            self._emit(a.job, Text(text, len(tokens), logprobs))
+            a.job.emit(Text(text, len(tokens), logprobs))
         return st.stats.generated - before
 
     def _retire(self) -> None:
@@ -416,20 +409,7 @@ class Scheduler:
                 self.free.append(st.seq)
         self.active = keep
         for job, reply in replies:
-            self._emit(job, reply)
-
-    def _emit(self, job: Job, event: object) -> None:
-        self._outgoing.append((job, event))
-
-    def _flush(self) -> None:
-        """Hand the events queued since the last flush to their sinks, in order. Called
-        just before a decode: the HTTP side's turn (waking the event loop, writing SSE)
-        then runs while llama_decode runs without the GIL, instead of taking the GIL
-        from this thread between two decodes (each ctypes or numpy call here releases
-        it), which made the next decode wait for it."""
-        out, self._outgoing = self._outgoing, []
-        for job, event in out:
-            job.emit(event)
+            job.emit(reply)
 
     def _count_kv(self, seq: int) -> None:
         try:

@@ -80,7 +80,6 @@ class Model(PrefixReuse, Owned):
             _ll.llama_model_free(self._model)
             raise
         self._mem = _ll.llama_get_memory(self._ctx)
-        self._n_ctx_seq = int(_ll.llama_n_ctx_seq(self._ctx))
         self.n_ctx = _ll.llama_n_ctx(self._ctx)
         self.n_batch = _ll.llama_n_batch(self._ctx)
         self.n_vocab = _ll.llama_vocab_n_tokens(self._vocab)
@@ -134,7 +133,6 @@ class Model(PrefixReuse, Owned):
             _ll.llama_model_free(self._model)
             raise
         self._mem = _ll.llama_get_memory(self._ctx)
-        self._n_ctx_seq = int(_ll.llama_n_ctx_seq(self._ctx))
 
     # ----- vocabulary -------------------------------------------------------------
 
@@ -270,10 +268,8 @@ class Model(PrefixReuse, Owned):
 
     @property
     def n_ctx_seq(self) -> int:
-        """Context available to one sequence (n_ctx is split across n_seq_max). Read once
-        per context: every round asks, and a ctypes call releases the GIL (the server's
-        event loop would take it between two decodes)."""
-        return self._n_ctx_seq
+        """Context available to one sequence (n_ctx is split across n_seq_max)."""
+        return int(_ll.llama_n_ctx_seq(self._ctx))
 
     def seq_tokens(self, seq: int = 0) -> list[int]:
         """What sequence `seq`'s KV cells hold (sequence 0 is `cached`)."""
