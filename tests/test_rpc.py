@@ -188,8 +188,14 @@ def test_allow_remote_serves_on_every_interface_with_a_warning():
         assert any(line.startswith("WARNING: listening on 0.0.0.0") for line in lines), lines
         assert "serving" in lines[-1], lines
     finally:
+        # what this test checks is the warning; a worker slow to stop on a loaded machine
+        # (its C accept loop sees SIGINT late) is killed instead of failing it
         proc.send_signal(signal.SIGINT)
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 @needs_rpc  # a build without RPC refuses `worker` first, for that reason
