@@ -329,18 +329,20 @@ def main() -> int:
         return 0
     print("V(n): " + ", ".join(f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 16, 32, 64, 128, 256)
                                 if n <= len(v)) + f"; c = {c:.2f}")
-    rows = []
+    rows, traces = [], []
     for path in args.traces:
         with open(path) as f:
-            rows += [(tr["name"] if len(args.traces) == 1 else f"{path.split('/')[-1][:4]}:{tr['name']}",
-                      replay_trace(tr, v, c, args)) for tr in json.load(f)]
+            loaded = json.load(f)
+        traces += loaded
+        rows += [(tr["name"] if len(args.traces) == 1 else f"{path.split('/')[-1][:4]}:{tr['name']}",
+                  replay_trace(tr, v, c, args)) for tr in loaded]
     report(rows, args.k_max)
     if args.peer or args.wall:
-        report_peer(args.traces, rows, v, args.k_max, args.wall)
+        report_peer(traces, rows, v, args.k_max, args.wall)
     return 0
 
 
-def report_peer(paths: list[str], rows: list[tuple[str, dict[str, float]]], v: list[float],
+def report_peer(traces: list[dict], rows: list[tuple[str, dict[str, float]]], v: list[float],
                 k_max: list[int], wall: tuple[float, float, float] | None = None) -> None:
     """llama-server's n-gram settings replayed on the same traces and curve (its drafters
     as localspec.bench.llamacpp_policies re-implements them): each setting's speedup
@@ -352,7 +354,6 @@ def report_peer(paths: list[str], rows: list[tuple[str, dict[str, float]]], v: l
     from localspec.bench.replay import replay
     from localspec.core.drafters.base import NoDrafter
 
-    traces = [tr for path in paths for tr in json.load(open(path))]
     names = [d.name for d in llamacpp_settings()]
     k = max(k_max)
     print(f"\nllama-server's settings replayed (speedup over plain); auto {k} over the best of them")
