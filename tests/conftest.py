@@ -128,6 +128,21 @@ def smol_draft(smol_path):
     m.close()
 
 
+@pytest.fixture(scope="module")
+def model(request, smol_path):
+    """SmolLM2 opened for a serve test module: its SLOTS sequences (2 unless the module
+    sets SLOTS) of SLOT_CTX cells each (1,024 unless it sets SLOT_CTX), one thread. A
+    module that defines its own `model` fixture gets that one instead."""
+    from localspec.core.backend import Model
+    from localspec.core.config import ModelConfig
+
+    slots = getattr(request.module, "SLOTS", 2)
+    slot_ctx = getattr(request.module, "SLOT_CTX", 1024)
+    m = Model(ModelConfig(path=smol_path, n_ctx=slots * slot_ctx, n_seq_max=slots, n_threads=1))
+    yield m
+    m.close()
+
+
 @pytest.fixture(scope="session")
 def qwen_target(target_path):
     m = _load(target_path)

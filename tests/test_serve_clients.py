@@ -34,14 +34,7 @@ LIMITS = ConnectionLimits(header_timeout=1.0, timeout=2.0, max_connections=12)
 SETTINGS = ServeSettings(model_id="smol", log_generations=False, max_tokens_limit=512)
 
 
-@pytest.fixture(scope="module")
-def model(smol_path):
-    from localspec.core.backend import Model
-    from localspec.core.config import ModelConfig
-
-    m = Model(ModelConfig(path=smol_path, n_ctx=2 * 512, n_seq_max=2, n_threads=1))
-    yield m
-    m.close()
+SLOT_CTX = 512  # cells per sequence of the `model` fixture (conftest)
 
 
 def _connect(server: Server) -> socket.socket:

@@ -25,7 +25,6 @@ uvicorn = pytest.importorskip("uvicorn")
 from localspec.core.backend import Model
 from localspec.core.config import (
     GenerationConfig,
-    ModelConfig,
     SamplingConfig,
     SpecConfig,
 )
@@ -51,11 +50,8 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model(smol_path):
-    m = Model(ModelConfig(path=smol_path, n_ctx=MAX_SLOTS * 512, n_seq_max=MAX_SLOTS, n_threads=1))
-    yield m
-    m.close()
+SLOTS = MAX_SLOTS  # the sequences of the `model` fixture (conftest)
+SLOT_CTX = 512  # cells per sequence of the `model` fixture (conftest)
 
 
 class Server:

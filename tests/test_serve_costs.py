@@ -13,8 +13,7 @@ import threading
 
 import pytest
 
-from localspec.core.backend import Model
-from localspec.core.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.drafters.auto import AutoDrafter, Learned
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.ngram import NgramDrafter
@@ -22,13 +21,6 @@ from localspec.serve.jobs import Failed, Finished, Job
 from localspec.serve.scheduler import Scheduler, SchedulerConfig
 
 SLOTS = 2
-
-
-@pytest.fixture(scope="module")
-def model(smol_path):
-    m = Model(ModelConfig(path=smol_path, n_ctx=SLOTS * 1024, n_seq_max=SLOTS, n_threads=1))
-    yield m
-    m.close()
 
 
 class _Spy(DrafterBase):

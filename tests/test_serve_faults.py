@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 from test_serve_concurrency import Server
 
 from localspec.core.backend import Model
-from localspec.core.config import ModelConfig
 from localspec.serve.app import ServeSettings
 
 KEY = "fault-key"
@@ -37,13 +36,6 @@ CHAT = [{"role": "user", "content": "Say hi."}]
 PATHS = ("/v1/chat/completions", "/v1/completions")
 VALID = {"/v1/chat/completions": {"model": "m", "messages": CHAT},
          "/v1/completions": {"model": "m", "prompt": "Once upon a time"}}
-
-
-@pytest.fixture(scope="module")
-def model(smol_path):
-    m = Model(ModelConfig(path=smol_path, n_ctx=2 * SLOT_CTX, n_seq_max=2, n_threads=1))
-    yield m
-    m.close()
 
 
 @pytest.fixture(scope="module")

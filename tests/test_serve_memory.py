@@ -9,13 +9,11 @@ import sqlite3
 import time
 
 import httpx
-import pytest
 from fakes import fixed_costs
 from test_serve_concurrency import Server
 
 from localspec.acceptance import logdb
-from localspec.core.backend import Model
-from localspec.core.config import ModelConfig, SpecConfig
+from localspec.core.config import SpecConfig
 from localspec.core.drafters.memory import Memory, static_index
 from localspec.serve.app import ServeSettings
 
@@ -25,13 +23,6 @@ OWN_CONTEXT = 8  # memory tokens a first request may accept from its own context
 # machine's load (one noisy round time, shared across requests, priced drafting out)
 COSTS = fixed_costs()
 QUESTION = "Write a Python function that returns the squares of a list of numbers."
-
-
-@pytest.fixture(scope="module")
-def model(smol_path):
-    m = Model(ModelConfig(path=smol_path, n_ctx=2 * 1024, n_seq_max=2, n_threads=1))
-    yield m
-    m.close()
 
 
 def _ask(server: Server, key: str, **extra) -> httpx.Response:

@@ -25,16 +25,10 @@ from test_serve import start_server
 from test_serve_concurrency import Server
 from test_serve_faults import CHAT, _Held, _refused
 
-from localspec.core.backend import Model
-from localspec.core.config import ModelConfig
 from localspec.serve.admission import Drain
 
 
-@pytest.fixture(scope="module")
-def model(smol_path):
-    m = Model(ModelConfig(path=smol_path, n_ctx=1024, n_seq_max=1, n_threads=1))
-    yield m
-    m.close()
+SLOTS = 1  # the sequences of the `model` fixture (conftest)
 
 
 @pytest.fixture()

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 
 from localspec.core.backend import Model
-from localspec.core.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from localspec.core.config import GenerationConfig, SamplingConfig, SpecConfig
 from localspec.core.tuning import SLOT_COPY_MIN
 from localspec.serve.jobs import Failed, Finished, Job, Text, loop_sink
 from localspec.serve.scheduler import Scheduler, SchedulerConfig
@@ -69,13 +68,6 @@ def test_min_copy_zero_never_copies():
 
 
 # ----- the scheduler, on the real model --------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def model(smol_path):
-    m = Model(ModelConfig(path=smol_path, n_ctx=SLOTS * 1024, n_seq_max=SLOTS, n_threads=1))
-    yield m
-    m.close()
 
 
 class Run:

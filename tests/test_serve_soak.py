@@ -17,18 +17,14 @@ from test_serve_draft import _same_or_near_tie
 
 from localspec.bench import soak
 from localspec.core.backend import Model
-from localspec.core.config import ModelConfig, SpecConfig
+from localspec.core.config import SpecConfig
 from localspec.serve.protocol import parse_chat
 from localspec.serve.tools import request_prompt
 
 SLOTS = 4
 
 
-@pytest.fixture(scope="module")
-def model(smol_path):
-    m = Model(ModelConfig(path=smol_path, n_ctx=SLOTS * 512, n_seq_max=SLOTS, n_threads=1))
-    yield m
-    m.close()
+SLOT_CTX = 512  # cells per sequence of the `model` fixture (conftest)
 
 
 def test_soak_16_clients_on_4_slots_lose_nothing(model):
