@@ -276,7 +276,7 @@ class Generation:
 
     def batch(self, shared_s: float = 0.0) -> list[int]:
         """1b. the batch to verify, [id_last, *draft], once the draft is complete.
-        `shared_s`: the time of a drafting phase this draft was made in together with
+        `shared_s`: this draft's share of a drafting phase it was made in together with
         other sequences' (the server's batched draft-model decodes), counted as drafting."""
         draft = self.draft
         draft.tokens = draft.tokens[: self.k]

@@ -312,8 +312,8 @@ class Scheduler:
         owners: list[_Active] = []
         proposed = [a for a in decoding if self._guard(a, a.state.propose, k_cap if speculate else 0)]
         phase = self._draft_phase()
-        for a in proposed:  # a slot drafted for waited for the whole drafting phase
-            toks = self._guard(a, a.state.batch, phase.seconds if a.state.seq in phase.seqs else 0.0)
+        for a in proposed:  # a slot is charged its share of the shared drafting phase
+            toks = self._guard(a, a.state.batch, phase.seconds_of(a.state.seq))
             if toks:
                 entries.append((a.state.seq, toks, len(toks)))
                 owners.append(a)
@@ -333,7 +333,7 @@ class Scheduler:
     def _draft_phase(self) -> DraftPhase:
         """Every slot's draft-model draft this step, in one pass of batched decodes."""
         if self.drafts is None:
-            return DraftPhase(0, 0, 0.0, frozenset())
+            return DraftPhase(0, 0, 0.0, {})
         phase = self.drafts.run()
         if phase.decodes:
             self.metrics.draft_decodes(phase.decodes, phase.rows, phase.seconds)

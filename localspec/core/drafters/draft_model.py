@@ -95,6 +95,7 @@ class _Request:
     grammar: GrammarLike | None = None  # a clone of the output grammar, advanced over the draft
     draft: Draft = field(default_factory=lambda: Draft(source="model"))
     rows: list[np.ndarray] = field(default_factory=list)  # q per token, when sampled
+    n_fed: int = 0  # tokens decoded for it in the draft's context: its share of a phase
 
     @property
     def seq(self) -> int:
@@ -133,12 +134,15 @@ def draft_together(model: Model, reqs: Sequence[_Request]) -> tuple[int, int]:
     for r in reqs:  # each sequence's cells follow its context by prefix reuse
         keep = model.reuse_prefix(r.context, seq=r.seq, redo_last=True)
         feeds.append((r.seq, r.context[keep:]))
+        r.n_fed = len(r.context) - keep
     rows, n_decodes, n_rows = _catch_up(model, feeds)
     live = list(reqs)
     try:
         while live:
             nxt = [(r, r.take(row)) for r, row in zip(live, rows)]
             live = [r for r, tok in nxt if tok is not None]
+            for r in live:
+                r.n_fed += 1
             if live:  # the last draft token is never decoded: the target verifies it
                 rows = model.decode_multi([(r.seq, [tok], 1) for r, tok in nxt if tok is not None])
                 rows = [row[0] for row in rows]
@@ -194,7 +198,7 @@ class DraftBatch:
         backend drops what a failed decode wrote)."""
         reqs, self.pending = self.pending, []
         if not reqs:
-            return DraftPhase(0, 0, 0.0, frozenset())
+            return DraftPhase(0, 0, 0.0, {})
         t0 = time.perf_counter()
         done = (0, 0)
         try:
@@ -203,14 +207,22 @@ class DraftBatch:
             log.warning("batched draft decode failed (%s); these rounds decode plainly", exc)
             for r in reqs:
                 r.draft.tokens, r.draft.probs = [], None
-        return DraftPhase(*done, time.perf_counter() - t0, frozenset(r.seq for r in reqs))
+        fed = sum(r.n_fed for r in reqs)
+        shares = {r.seq: r.n_fed / fed if fed else 1 / len(reqs) for r in reqs}
+        return DraftPhase(*done, time.perf_counter() - t0, shares)
 
 
 class DraftPhase(NamedTuple):
     """What one drafting phase did: batched decodes, sequence-rows in them, its time, and
-    the sequences drafted for (each of them waited for the whole phase)."""
+    each sequence drafted for with its share of the tokens decoded (catch-up and draft
+    tokens): every one of them waited for the whole phase, but the phase's decodes were
+    shared, so what drafting cost one sequence is its share of the time."""
 
     decodes: int
     rows: int
     seconds: float
-    seqs: frozenset[int]
+    shares: dict[int, float]
+
+    def seconds_of(self, seq: int) -> float:
+        """The drafting time charged to sequence `seq` (0 when it was not drafted for)."""
+        return self.seconds * self.shares.get(seq, 0.0)
