@@ -23,6 +23,11 @@ from localspec.files import write_atomic
 from localspec.models import paths
 
 N_MAX = 64  # tune times V(n) this far: edits draft long copies, and a size known need not be tried
+# The build whose on-line costs a profile holds. 2: a serve round decoded beside other
+# sequences' rows is no longer timed (version 1 timed it at the whole shared step, so a
+# one-token decode at two clients was stored about twice as dear, 34.8 ms against 10-17 ms
+# real, and every on-line V(n) too low); older on-line costs are dropped on load.
+ONLINE_VERSION = 2
 
 
 @dataclass
@@ -41,6 +46,7 @@ class Profile:
     # V(n) that `--spec auto` measured during real generations: {"n": [V, verify rounds]};
     # a profile no `tune` has measured has only these (vcurve is then [])
     online: dict[str, list[float]] = field(default_factory=dict)
+    online_version: int = ONLINE_VERSION  # the build that timed `online` (a file without it: 1)
     # flash attention as tune measured it faster at a long context ("on"/"off"), or None:
     # llama.cpp's own choice. Runs with -fa auto (the default) use it
     flash_attn: str | None = None
@@ -101,9 +107,16 @@ def _profiles_dir() -> Path:
 
 def _read(key: str, folder: Path | None = None) -> Profile | None:
     try:
-        return Profile(**json.loads(((folder or _profiles_dir()) / f"{key}.json").read_text()))
+        profile = Profile(**{"online_version": 1,
+                             **json.loads(((folder or _profiles_dir()) / f"{key}.json").read_text())})
     except (OSError, ValueError, TypeError):
         return None  # missing, or corrupt: never trusted
+    if profile.online_version < ONLINE_VERSION:  # costs timed the old way: tune's curve stays,
+        # and so does what is no timing (memory drafts' acceptance); a profile no tune
+        # measured had its one-token time timed on-line too: unknown until a run stores one
+        profile = replace(profile, online={}, online_version=ONLINE_VERSION,
+                          t_token_s=profile.t_token_s if profile.vcurve else 0.0)
+    return profile
 
 
 def load_profile(setup: Setup, online: bool = False) -> Profile | None:
@@ -162,7 +175,9 @@ def store_online(setup: Setup, target_name: str, measured: dict[int, tuple[float
                           t_token_s=t_token_s, vcurve=[], prefill_tok_s=0.0)]
     for p in stored:
         try:
+            # a profile no tune measured has the on-line one-token time: the latest run's
             save_profile(replace(p, online=merge_online(p.online, measured),
+                                 t_token_s=p.t_token_s if p.vcurve else t_token_s,
                                  memory_accept=memory or p.memory_accept), folder)
         except OSError:
             pass

@@ -91,3 +91,37 @@ def test_a_store_off_the_thread_lands_where_home_was_when_asked(smol_path, tmp_p
         assert load_profile(setup, online=True).online_v() == {8: 5.0}
     finally:
         target.close()
+
+
+def _write_raw(key: str, data: dict) -> None:
+    folder = paths.ensure(paths.state_dir() / "profiles")
+    (folder / f"{key}.json").write_text(json.dumps(data))
+
+
+def test_on_line_costs_saved_by_the_build_that_timed_shared_steps_are_dropped(smol_path):
+    # the build before ONLINE_VERSION 2 timed a serve round at its whole shared step: its
+    # file (no online_version) held a one-token time of 34.8 ms against 10-17 ms real
+    target = Model(ModelConfig(path=smol_path, n_ctx=128, n_threads=1))
+    try:
+        setup = setup_of(target)
+        tuned = {**_tuned(setup.key).__dict__, "target": target.name, "online": {"8": [2.1, 30]},
+                 "memory_accept": {"n": [[3, 2]]}}
+        tuned.pop("online_version", None)
+        _write_raw(setup.key, tuned)
+        got = load_profile(setup)
+        assert got.online == {} and got.vcurve == [1.0, 1.5, 2.0] and got.t_token_s == 0.1
+        assert got.memory_accept == {"n": [[3, 2]]} and got.online_version == profile_module.ONLINE_VERSION
+        # the next run's measurements are stored as the only on-line ones, with the version
+        store_online(setup, target.name, {8: (5.0, 4)}, 0.05)
+        raw = json.loads((paths.state_dir() / "profiles" / f"{setup.key}.json").read_text())
+        assert raw["online"] == {"8": [5.0, 4]} and raw["online_version"] == profile_module.ONLINE_VERSION
+        assert load_profile(setup).online_v() == {8: 5.0}  # this build's are kept
+        # a profile no tune measured: its one-token time was timed on-line the old way too
+        online_only = {**tuned, "vcurve": [], "t_token_s": 0.0348}
+        _write_raw(setup.key, online_only)
+        got = load_profile(setup, online=True)
+        assert got.online == {} and got.t_token_s == 0.0
+        store_online(setup, target.name, {8: (5.0, 4)}, 0.014)
+        assert load_profile(setup, online=True).t_token_s == 0.014  # the latest run's
+    finally:
+        target.close()
