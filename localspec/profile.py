@@ -47,6 +47,9 @@ class Profile:
     # a profile no `tune` has measured has only these (vcurve is then [])
     online: dict[str, list[float]] = field(default_factory=dict)
     online_version: int = ONLINE_VERSION  # the build that timed `online` (a file without it: 1)
+    # what measured `batch_limits` and why they are what they are: "" for tune's batches of
+    # synthetic drafts, else a line from `bench --serve` (serve's own default drafting, timed)
+    batch_limits_by: str = ""
     # flash attention as tune measured it faster at a long context ("on"/"off"), or None:
     # llama.cpp's own choice. Runs with -fa auto (the default) use it
     flash_attn: str | None = None
@@ -194,6 +197,23 @@ def store_online_later(setup: Setup, target_name: str, measured: dict[int, tuple
     writes still pending when the process exits are finished first."""
     return _writer.submit(store_online, setup, target_name, dict(measured), t_token_s, _profiles_dir(),
                           memory)
+
+
+def store_batch_limits(setup: Setup, target_name: str, limits: dict[str, int], by: str,
+                       t_token_s: float) -> Future:
+    """Keep serve's load limits as `bench --serve` measured them ({"context": limit}, `by`
+    the line saying how) in the setup's profile, created with only these when there is
+    none yet; on the profile writer's thread, so an on-line store of the same file
+    pending there is not lost."""
+    def store() -> None:
+        p = _read(setup.key, folder) or Profile(
+            key=setup.key, target=target_name, draft=setup.draft, device=setup.device,
+            n_threads=setup.n_threads, n_gpu_layers=setup.n_gpu_layers, t_token_s=t_token_s,
+            vcurve=[], prefill_tok_s=0.0)
+        save_profile(replace(p, batch_limits=dict(limits), batch_limits_by=by), folder)
+
+    folder = _profiles_dir()
+    return _writer.submit(store)
 
 
 def vcurve_sizes(n_max: int) -> list[int]:

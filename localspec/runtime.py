@@ -117,10 +117,11 @@ def setup_of(target: Model, draft: Model | None = None) -> Setup:
                  target.cfg.flash_attn)
 
 
-def find_profile(target: Model, draft: Model | None = None) -> Profile | None:
+def find_profile(target: Model, draft: Model | None = None, online: bool = False) -> Profile | None:
     """The calibration profile (`localspec tune`) of these loaded models, if stored
-    (not one that holds only what `--spec auto` measured on-line)."""
-    return load_profile(setup_of(target, draft))
+    (`online`: also one that holds only what runs measured: `--spec auto`'s costs,
+    `bench --serve`'s load limits)."""
+    return load_profile(setup_of(target, draft), online=online)
 
 
 def _check_pair(target: Model, draft: Model) -> None:

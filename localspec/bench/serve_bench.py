@@ -1,20 +1,28 @@
 """`bench --serve`: where does speculation stop paying once requests share a batch?
 
-For each concurrency C, the serve scheduler (the same code `localspec serve` runs, minus
-HTTP) is driven by C closed-loop clients over the workloads, three ways, interleaved so
-drift in machine load hits all alike:
+For each context band and concurrency C, the serve scheduler (the same code `localspec
+serve` runs, minus HTTP) is driven by C closed-loop clients over the band's workloads,
+with serve's default drafting (`--spec auto`: each round n-grams, or plain decoding where
+the verify times say drafting does not pay) three ways, interleaved so drift in machine
+load hits all alike:
 
     off   speculation never (--spec-disable-by-batch-size 0)
     on    speculation always (-1)
-    rule  the threshold rule: off while more than N sequences are active (serve's default N)
+    rule  serve's rule as it stands: off while more than N sequences are active
 
-Reported per run: end-to-end throughput (generated tokens / wall time, prefill
-included), decode throughput (tokens per second over the steps that decoded all C
-sequences together and no prompt: batched decode at batch size C), latency and time to
-first token. The crossover is the smallest C at which `on` decodes slower than
-`off`; the rule should track the better of the two at every C.
+The bands: `short`, chat-sized prompts (code, json, prose: ~60 tokens), and `long`, the
+edit tasks (a whole file in the prompt: 450-700 tokens); a long KV cache moves the
+crossover. Reported per run: end-to-end throughput (generated tokens / wall time, prefill
+included), decode throughput over the steps that decoded all C sequences together and no
+prompt (batched decode at batch size C), the mean such step's time and tokens, latency and
+time to first token. Per band the crossover is the largest C up to which `on` decoded at
+least as fast as `off` at every C measured, and why: a speculative step at batch C costs
+so many plain steps (V at that load) for so many times the tokens. The limits are kept in
+the target's profile (`batch_limits`, by the band's mean context), where `localspec serve`
+reads its --spec-disable-by-batch-size from, and /health shows them with this reason.
+No memory (serve's earlier replies as drafts): the bench repeats its prompts.
 
-    python -m localspec.bench.serve_bench --concurrency 1,2,4,8 -n 48
+    python -m localspec.bench.serve_bench --concurrency 1,2,4 -n 48
 """
 
 from __future__ import annotations
@@ -30,30 +38,37 @@ from typing import Any
 
 import click
 
-from localspec.serve.defaults import BatchLimits
 from localspec.core.config import (
     GenerationConfig,
     LoadOptions,
     SamplingConfig,
     SpecConfig,
 )
+from localspec.core.tuning import AUTO_DRAFT_MAX
+from localspec.serve.defaults import BatchLimits, crossover_limit
 
 MODES = ("off", "on", "rule")
+BANDS = ("short", "long")  # chat-sized prompts; edit tasks (a file in the prompt)
 GREEDY = SamplingConfig(temperature=0.0)
+SERVE_SPEC = SpecConfig(mode="auto", draft_max=AUTO_DRAFT_MAX)  # serve's default without --draft
 
 
 @dataclass
 class Run:
-    """One (concurrency, mode) measurement."""
+    """One (band, concurrency, mode) measurement."""
 
     concurrency: int
     mode: str
+    band: str = "short"
+    context: float = 0.0  # mean tokens a sequence held: its prompt and half its reply
     requests: int = 0
     tokens: int = 0
     wall_s: float = 0.0
     tok_s: float = 0.0  # end to end, prefill included
     decode_tok_s: float | None = None  # steps decoding all C sequences (no prefill)
     decode_steps: int = 0
+    decode_step_ms: float | None = None  # the mean such step's time ...
+    decode_step_tokens: float | None = None  # ... and the tokens it made (C plain)
     latency_mean_s: float = 0.0
     latency_max_s: float = 0.0
     ttft_mean_s: float = 0.0
@@ -73,28 +88,37 @@ class _Client:
     t_first: float | None = None
 
 
+def band_of(w: Any) -> str:
+    return "long" if w.is_edit else "short"
+
+
 def run_serve_bench(
     *,
     opts: LoadOptions | None = None,
     n_predict: int = 64,
-    concurrency: Sequence[int] = (1, 2, 4, 8, 16),
+    concurrency: Sequence[int] = (1, 2, 4, 8),
     modes: Sequence[str] = MODES,
     threshold: int | None = None,
     spec: SpecConfig | None = None,
     tags: Sequence[str] = ("code", "json", "prose", "edit"),
     per_tag: int = 1,
     names: Sequence[str] = (),
+    bands: Sequence[str] = BANDS,
+    store: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Measure serving throughput at each concurrency with speculation off, on and under
-    the threshold rule (n-gram drafting, greedy). Loads its own copy of the target with
-    max(concurrency) sequences. Returns a JSON-ready dict: runs, crossover, rule check."""
+    """Measure serving throughput per context band and concurrency with speculation off,
+    on and under the rule (serve's default drafting unless `spec`, greedy). Loads its own
+    copy of the target with max(concurrency) sequences. `store`: keep each band's limit in
+    the target's profile (with both off and on measured at two concurrencies or more).
+    Returns a JSON-ready dict: runs, the crossover by band, the limits, rule check."""
     from localspec.bench import workloads as wl
+    from localspec.core.drafters.auto import Learned
     from localspec.runtime import find_profile, open_runtime
     from localspec.serve.defaults import default_n_ctx, spec_threshold
 
     say = progress or (lambda line: None)
-    spec = spec or SpecConfig(mode="ngram", draft_max=16)
+    spec = spec or SERVE_SPEC
     max_c = max(concurrency)
     opts = opts or LoadOptions(model=None, draft=None, n_ctx=0, n_threads=None, n_gpu_layers=-1,
                                n_gpu_layers_draft=0)
@@ -102,33 +126,45 @@ def run_serve_bench(
     opts = replace(opts, draft=None, n_ctx=default_n_ctx(max_c))
     with open_runtime(opts, want_draft=False, n_seq_max=max_c) as rt:
         target = rt.target
-        limits = spec_threshold(threshold, find_profile(target) if threshold is None else None)
+        profile = None if threshold is not None else (find_profile(target) or find_profile(target, online=True))
+        limits = spec_threshold(threshold, profile)
         items = wl.select(wl.builtin(), [t for t in tags], 0 if names else per_tag)
         if names:
             items = [w for w in items if w.name in names]
-        prompts = [wl.prepare(w, target, n_predict, n_predict).tokens for w in items]
         room = target.n_ctx_seq - n_predict - spec.draft_max - 1
-        kept = [(w.name, p) for w, p in zip(items, prompts) if len(p) < room]
-        if not kept:
+        prepared = [(w, wl.prepare(w, target, n_predict, n_predict).tokens) for w in items]
+        by_band = {b: [(w.name, p) for w, p in prepared if band_of(w) == b and len(p) < room] for b in bands}
+        by_band = {b: kept for b, kept in by_band.items() if kept}
+        if not by_band:
             raise ValueError("no workload fits the per-slot context")
-        names = [n for n, _ in kept]
-        prompts = [p for _, p in kept]
-        say(f"serve bench: {target.name}, {target.info.n_threads} threads, workloads {', '.join(names)}, "
-            f"-n {n_predict}, rule: {limits.describe()}")
-        _measure(target, [prompts[0]], 1, "on", spec, limits, min(8, n_predict))  # warm-up
+        say(f"serve bench: {target.name}, {target.info.n_threads} threads, drafter {spec.mode} "
+            f"(k<={spec.draft_max}), -n {n_predict}, "
+            + "; ".join(f"{b}: {', '.join(n for n, _ in kept)}" for b, kept in by_band.items())
+            + f"; rule now: {limits.describe()}")
+        learned = Learned()  # one server's: what auto learns carries across the runs
         runs: list[Run] = []
-        for i, c in enumerate(concurrency):
-            order = list(modes) if i % 2 == 0 else list(reversed(modes))
-            for mode in order:
-                run = _measure(target, prompts, c, mode, spec, limits, n_predict)
-                runs.append(run)
-                say(_run_line(run))
-        return _summary(runs, target, limits, n_predict, names, spec)
+        for band, kept in by_band.items():
+            prompts = [p for _, p in kept]
+            # warm-up: every prompt prefilled once (the slots keep them, as for the runs
+            # after the first), and auto's first rounds timed
+            _measure(target, prompts, min(len(prompts), max_c), "on", spec, limits, min(8, n_predict),
+                     learned, band)
+            for i, c in enumerate(concurrency):
+                order = list(modes) if i % 2 == 0 else list(reversed(modes))
+                for mode in order:
+                    run = _measure(target, prompts, c, mode, spec, limits, n_predict, learned, band)
+                    runs.append(run)
+                    say(_run_line(run))
+        names = [n for kept in by_band.values() for n, _ in kept]
+        out = _summary(runs, target, limits, n_predict, names, spec)
+        out["stored"] = _store(target, out, concurrency) if store else None
+        return out
 
 
 def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: SpecConfig,
-             limits: BatchLimits, n_predict: int) -> Run:
-    """C closed-loop clients; max(C, len(prompts)) requests round-robin over prompts."""
+             limits: BatchLimits, n_predict: int, learned: Any = None, band: str = "short") -> Run:
+    """C closed-loop clients; max(C, len(prompts)) requests round-robin over prompts.
+    `learned`: auto's costs carried from earlier runs (one server's)."""
     from localspec.serve.jobs import Failed, Finished, Job, Text
     from localspec.serve.scheduler import Scheduler, SchedulerConfig
 
@@ -139,10 +175,12 @@ def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: Spe
                           spec_disable_by_batch_size={"off": 0, "on": -1}.get(mode),
                           spec_limits=limits if mode == "rule" else None)
     sched = Scheduler(target, cfg)
+    if learned is not None:
+        sched.learned = learned
     events: queue.Queue = queue.Queue()
     gen = GenerationConfig(max_tokens=n_predict)
-    latencies, ttfts = [], []
-    run = Run(c, mode, requests=n_req)
+    latencies, ttfts, contexts = [], [], []
+    run = Run(c, mode, band, requests=n_req)
 
     def submit(i: int) -> None:
         cl = clients[i]
@@ -168,6 +206,7 @@ def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: Spe
                 cl.t_first = cl.t_first or now
                 latencies.append(now - cl.t_submit)
                 ttfts.append(cl.t_first - cl.t_submit)
+                contexts.append(st.prompt_tokens + st.generated / 2)
                 run.tokens += st.generated
                 run.drafted += st.drafted
                 run.accepted += st.accepted
@@ -176,6 +215,7 @@ def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: Spe
         run.wall_s = time.perf_counter() - t0
     finally:
         sched.stop()
+    run.context = statistics.fmean(contexts)
     _rates(run, sched.metrics, latencies, ttfts)
     return run
 
@@ -190,40 +230,88 @@ def _rates(run: Run, m: Any, latencies: list[float], ttfts: list[float]) -> None
     steps, seconds, tokens = m.batch_throughput(run.concurrency)
     run.decode_tok_s = tokens / seconds if steps and seconds else None
     run.decode_steps = steps
+    if steps:
+        run.decode_step_ms, run.decode_step_tokens = 1e3 * seconds / steps, tokens / steps
+
+
+def band_crossover(runs: list[Run]) -> dict[str, Any]:
+    """One band's crossover: per C, on against off (decode throughput at batch C where
+    both have such steps, else end to end) and why (a speculative step's time and tokens
+    against a plain one's); `limit`, the largest C up to which on paid at every C (0:
+    not even alone), as the serve rule's --spec-disable-by-batch-size."""
+    by = {(r.concurrency, r.mode): r for r in runs}
+    rows = []
+    for c in sorted({r.concurrency for r in runs}):
+        on, off = by.get((c, "on")), by.get((c, "off"))
+        if on is None or off is None:
+            continue
+        key = "decode_tok_s" if on.decode_tok_s and off.decode_tok_s else "tok_s"
+        v_on, v_off = getattr(on, key), getattr(off, key)
+        step = (on.decode_step_ms / off.decode_step_ms
+                if key == "decode_tok_s" and on.decode_step_ms and off.decode_step_ms else None)
+        toks = (on.decode_step_tokens / off.decode_step_tokens
+                if key == "decode_tok_s" and on.decode_step_tokens and off.decode_step_tokens else None)
+        rows.append({"concurrency": c, "metric": key, "off_per_slot": v_off / c, "on_per_slot": v_on / c,
+                     "on_over_off": v_on / v_off if v_off else None, "step_cost": step, "step_tokens": toks,
+                     "acceptance": on.acceptance, "drafted": on.drafted})
+    # crossover_limit's rule with e = 1: it pays while on/off >= 1 (a plain "cost" of on/off, 1 speculative)
+    limit = crossover_limit([(x["concurrency"], x["on_over_off"] or 0.0, 1.0) for x in rows], 1.0) if rows else None
+    context = round(statistics.fmean(r.context for r in runs)) if runs else 0
+    return {"context": context, "limit": limit, "by_concurrency": rows}
 
 
 def _summary(runs: list[Run], target: Any, limits: BatchLimits, n_predict: int,
              names: list[str], spec: SpecConfig) -> dict[str, Any]:
-    by = {(r.concurrency, r.mode): r for r in runs}
-    cs = sorted({r.concurrency for r in runs})
-
-    def speed(r: Run | None, key: str) -> float | None:
-        return None if r is None else getattr(r, key)
-
-    def crossover(key: str) -> int | None:
-        for c in cs:
-            on, off = speed(by.get((c, "on")), key), speed(by.get((c, "off")), key)
-            if on is not None and off is not None and on < off:
-                return c
-        return None
-
+    bands = list(dict.fromkeys(r.band for r in runs))
+    crossover = {b: band_crossover([r for r in runs if r.band == b]) for b in bands}
     rule_check = []
-    for c in cs:
-        on, off, rule = (by.get((c, m)) for m in MODES)
-        if on and off and rule:
-            best = max(on.tok_s, off.tok_s)
-            rule_check.append({"concurrency": c, "rule_over_best": rule.tok_s / best if best else None})
+    for b in bands:
+        by = {(r.concurrency, r.mode): r for r in runs if r.band == b}
+        for c in sorted({c for c, _ in by}):
+            on, off, rule = (by.get((c, m)) for m in MODES)
+            if on and off and rule:
+                best = max(on.tok_s, off.tok_s)
+                rule_check.append({"band": b, "concurrency": c,
+                                   "rule_over_best": rule.tok_s / best if best else None})
     return {
         "target": target.name, "threads": target.info.n_threads, "n_predict": n_predict,
-        "workloads": names, "drafter": spec.mode, "draft_max": spec.draft_max,
+        "workloads": names, "drafter": str(spec.mode), "draft_max": spec.draft_max,
         "rule_limit": limits.limit(), "rule_source": limits.source, "rule_limits": limits.to_dict(),
         "rule": limits.describe(),
         "runs": [{**asdict(r), "acceptance": r.acceptance} for r in runs],
-        "crossover": {"decode": crossover("decode_tok_s"), "end_to_end": crossover("tok_s")},
+        "crossover": crossover,
+        "limits": {str(x["context"]): x["limit"] for x in crossover.values() if x["limit"] is not None},
         "rule_check": rule_check,
         "rule_within_5pct": all(x["rule_over_best"] is not None and x["rule_over_best"] >= 0.95
                                 for x in rule_check) if rule_check else None,
     }
+
+
+def limits_line(result: dict[str, Any], when: str | None = None) -> str:
+    """How the limits were measured and why, in one line (the profile's batch_limits_by,
+    shown by serve's log line and /health)."""
+    when = when or time.strftime("%Y-%m-%d", time.gmtime())
+    parts = []
+    for x in result["crossover"].values():
+        ratios = ", ".join(f"{r['on_over_off']:.2f}x at C={r['concurrency']}"
+                           for r in x["by_concurrency"] if r["on_over_off"] is not None)
+        parts.append(f"{x['context']} tokens: on/off {ratios}")
+    return f"bench --serve {when} ({result['drafter']}, k<={result['draft_max']}; {'; '.join(parts)})"
+
+
+def _store(target: Any, result: dict[str, Any], concurrency: Sequence[int]) -> str | None:
+    """Keep the limits in the target's profile, where serve reads them; None when this run
+    cannot say (on or off not measured, or one concurrency only)."""
+    from localspec.profile import store_batch_limits
+    from localspec.runtime import setup_of
+
+    if len(set(concurrency)) < 2 or not result["limits"]:
+        return None
+    ones = [r for r in result["runs"] if r["concurrency"] == 1 and r["mode"] == "off" and r["decode_tok_s"]]
+    t1 = 1.0 / statistics.fmean(r["decode_tok_s"] for r in ones) if ones else 0.0
+    by = limits_line(result)
+    store_batch_limits(setup_of(target), target.name, result["limits"], by, t1).result()
+    return by
 
 
 # ----- text and plot ----------------------------------------------------------------
@@ -231,74 +319,95 @@ def _summary(runs: list[Run], target: Any, limits: BatchLimits, n_predict: int,
 
 def _run_line(r: Run) -> str:
     dec = f"{r.decode_tok_s:6.2f}" if r.decode_tok_s else "     -"
-    return (f"  C={r.concurrency:<3} {r.mode:<4}  {r.tok_s:6.2f} tok/s  decode {dec} tok/s  "
+    return (f"  {r.band:<5} C={r.concurrency:<3} {r.mode:<4}  {r.tok_s:6.2f} tok/s  decode {dec} tok/s  "
             f"latency {r.latency_mean_s:6.2f}s (max {r.latency_max_s:.2f})  ttft {r.ttft_mean_s:5.2f}s  "
             f"acc {r.acceptance:4.0%} ({r.accepted}/{r.drafted})  spec steps {r.spec_steps:4.0%}")
 
 
+def _f(x: float | None, w: int = 7, p: int = 2) -> str:
+    return f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"
+
+
 def format_report(result: dict[str, Any]) -> str:
-    """A plain-text table of a run_serve_bench result."""
-    runs = result["runs"]
-    cs = sorted({r["concurrency"] for r in runs})
-    by = {(r["concurrency"], r["mode"]): r for r in runs}
+    """Plain-text tables of a run_serve_bench result: per band, throughput by mode, then
+    the crossover and why."""
     lines = [(f"serve bench: {result['target']}, {result['threads']} threads, -n {result['n_predict']}, "
-              f"drafter {result['drafter']} (k<={result['draft_max']}), rule: {result['rule']}"),
-             "      end-to-end tok/s (prefill incl.)   | decode tok/s at batch C    | mean latency s",
-             "  C     off      on    rule  on/off |   off     on   rule on/off |   off     on   rule"]
-
-    def f(x: float | None, w: int = 7, p: int = 2) -> str:
-        return f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"
-
-    for c in cs:
-        row = [by.get((c, m), {}) for m in MODES]
-        e2e = [r.get("tok_s") for r in row]
-        dec = [r.get("decode_tok_s") for r in row]
-        lat = [r.get("latency_mean_s") for r in row]
-        ratio = lambda v: v[1] / v[0] if v[0] and v[1] else None
-        lines.append(f"{c:3d} {f(e2e[0])} {f(e2e[1])} {f(e2e[2])} {f(ratio(e2e), 6)}x |"
-                     f"{f(dec[0], 6)} {f(dec[1], 6)} {f(dec[2], 6)} {f(ratio(dec), 5)}x |"
-                     f"{f(lat[0], 6)} {f(lat[1], 6)} {f(lat[2], 6)}")
-    lines.append(_crossover_line(result, by, cs))
-    checks = ", ".join(f"C={x['concurrency']}: {x['rule_over_best']:.2f}" for x in result["rule_check"]
+              f"drafter {result['drafter']} (k<={result['draft_max']}), rule now: {result['rule']}")]
+    for band, x in result["crossover"].items():
+        runs = [r for r in result["runs"] if r["band"] == band]
+        by = {(r["concurrency"], r["mode"]): r for r in runs}
+        lines += [f"{band} prompts, ~{x['context']} tokens of context a sequence:",
+                  "  C | end-to-end tok/s off    on  rule | decode tok/s/slot off    on | step ms off     on"
+                  " | tok/step off   on | on/off  acc"]
+        for c in sorted({r["concurrency"] for r in runs}):
+            row = [by.get((c, m), {}) for m in MODES]
+            e2e = [r.get("tok_s") for r in row]
+            dec = [r.get("decode_tok_s") for r in row[:2]]
+            step = [r.get("decode_step_ms") for r in row[:2]]
+            toks = [r.get("decode_step_tokens") for r in row[:2]]
+            ratio = next((y["on_over_off"] for y in x["by_concurrency"] if y["concurrency"] == c), None)
+            acc = row[1].get("acceptance")
+            lines.append(f"{c:3d} |{' ' * 12}{_f(e2e[0], 6)}{_f(e2e[1], 6)}{_f(e2e[2], 6)} |"
+                         f"{' ' * 13}{_f(dec[0] and dec[0] / c, 7)}{_f(dec[1] and dec[1] / c, 6)} |"
+                         f"{' ' * 5}{_f(step[0], 6, 1)}{_f(step[1], 7, 1)} |"
+                         f"{' ' * 5}{_f(toks[0], 7)}{_f(toks[1], 5)} | {_f(ratio, 5)}x"
+                         + (f" {acc:4.0%}" if acc is not None else ""))
+        lines.append(_crossover_line(x))
+    checks = ", ".join(f"{x['band']} C={x['concurrency']}: {x['rule_over_best']:.2f}" for x in result["rule_check"]
                        if x["rule_over_best"] is not None)
     if result["rule_within_5pct"] is not None:
         verdict = "within 5%" if result["rule_within_5pct"] else "NOT within 5% everywhere"
-        lines.append(f"rule / best of on,off (end-to-end): {checks}  [{verdict}]")
+        lines.append(f"rule now / best of on,off (end-to-end): {checks}  [{verdict}]")
+    if result.get("stored"):
+        lines.append("kept in the profile (serve's --spec-disable-by-batch-size by context band): "
+                     + ", ".join(f"off above {v} active at {k} tokens" for k, v in result["limits"].items()))
     return "\n".join(lines)
 
 
-def _crossover_line(result: dict[str, Any], by: dict, cs: list[int]) -> str:
-    """The crossover this run measured, and why: the on/off throughput ratio either side."""
-    cross = result["crossover"]
-    c = cross["end_to_end"]
+def _crossover_line(x: dict[str, Any]) -> str:
+    """A band's crossover and why: at the first C where speculating lost (and the last
+    where it paid), what a speculative step cost against a plain one for what tokens."""
+    rows = x["by_concurrency"]
+    if not rows:
+        return "  crossover: not measured (needs both on and off)"
+    lim = x["limit"]
 
-    def ratio(n: int) -> str:
-        on, off = by.get((n, "on"), {}).get("tok_s"), by.get((n, "off"), {}).get("tok_s")
-        return f"{on / off:.2f}x" if on and off else "-"
+    def why(r: dict) -> str:
+        ratio = f"{r['on_over_off']:.2f}x"
+        if r["step_cost"] is None or r["step_tokens"] is None:
+            return f"C={r['concurrency']}: on/off {ratio} (end to end)"
+        return (f"C={r['concurrency']}: a speculative step cost {r['step_cost']:.2f} plain steps "
+                f"(V at that load) for {r['step_tokens']:.2f}x the tokens: {ratio}")
 
-    if c is None:
-        why = f"speculation paid at every C measured (on/off {', '.join(f'C={n}: {ratio(n)}' for n in cs)})"
+    lost = next((r for r in rows if r["concurrency"] > lim), None)
+    paid = [r for r in rows if r["concurrency"] <= lim]
+    if lost is None:
+        head = f"speculation paid at every C measured (up to {lim}): off above {lim} active"
+    elif lim == 0:
+        head = "speculation did not pay even alone: off above 0 active"
     else:
-        below = [n for n in cs if n < c]
-        why = (f"on/off {ratio(c)} at C={c}" + (f", {ratio(below[-1])} at C={below[-1]}" if below else "")
-               + ": past it a rejected draft row costs more compute than the accepted ones save")
-    return (f"crossover (speculation stops paying): end-to-end at C={c or 'none measured'}, decode at "
-            f"C={cross['decode'] or 'none measured'}; {why}. The rule: {result['rule']}")
+        head = f"off above {lim} active"
+    reasons = [why(r) for r in ([paid[-1]] if paid else []) + ([lost] if lost else [])]
+    return f"  crossover at ~{x['context']} tokens: {head}; " + "; ".join(reasons)
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-    """Throughput and latency against concurrency, one line per mode (needs matplotlib)."""
+    """Throughput and latency against concurrency, one line per band and mode (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for mode in MODES:
-        rs = sorted((r for r in result["runs"] if r["mode"] == mode), key=lambda r: r["concurrency"])
-        cs = [r["concurrency"] for r in rs]
-        ax1.plot(cs, [r["tok_s"] for r in rs], marker="o", label=mode)
-        ax2.plot(cs, [r["latency_mean_s"] for r in rs], marker="o", label=mode)
+    for band in dict.fromkeys(r["band"] for r in result["runs"]):
+        for mode in MODES:
+            rs = sorted((r for r in result["runs"] if r["mode"] == mode and r["band"] == band),
+                        key=lambda r: r["concurrency"])
+            if not rs:
+                continue
+            cs = [r["concurrency"] for r in rs]
+            ax1.plot(cs, [r["tok_s"] for r in rs], marker="o", label=f"{band} {mode}")
+            ax2.plot(cs, [r["latency_mean_s"] for r in rs], marker="o", label=f"{band} {mode}")
     for ax, label in ((ax1, "total tok/s"), (ax2, "mean latency (s)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")
@@ -316,21 +425,28 @@ def plot(result: dict[str, Any], path: str) -> None:
 @click.option("-m", "--model", default=None, help="target model [default: the manifest's default]")
 @click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None)
 @click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=-1)
-@click.option("--concurrency", default="1,2,4,8,16", show_default=True)
+@click.option("--concurrency", default="1,2,4,8", show_default=True)
 @click.option("-n", "--n-predict", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--threshold", type=int, default=None,
               help="the rule's --spec-disable-by-batch-size [default: serve's default]")
-@click.option("--draft-max", type=click.IntRange(1, 64), default=16, show_default=True)
+@click.option("--spec", "mode", type=click.Choice(["auto", "ngram"]), default="auto", show_default=True,
+              help="the slots' drafting: serve's default (auto), or the fixed n-gram drafter")
+@click.option("--draft-max", type=click.IntRange(1, 64), default=None,
+              help=f"[default: {AUTO_DRAFT_MAX} for auto, 16 for ngram: serve's]")
 @click.option("--tags", default="code,json,prose,edit", show_default=True)
 @click.option("--per-tag", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--workloads", "names", default="", help="only these workloads, e.g. edit-3,code-1")
+@click.option("--bands", default="short,long", show_default=True,
+              help="context bands: short (code, json, prose prompts), long (edit tasks)")
 @click.option("--modes", default="off,on,rule", show_default=True)
+@click.option("--no-store", is_flag=True, help="do not keep the limits in the profile")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png")
 def main(model: str | None, n_threads: int | None, n_gpu_layers: int, concurrency: str, n_predict: int,
-         threshold: int | None, draft_max: int, tags: str, per_tag: int, names: str, modes: str,
-         as_json: bool, plot_path: str | None) -> None:
-    """Serving throughput at several concurrencies: speculation off, on, and the rule."""
+         threshold: int | None, mode: str, draft_max: int | None, tags: str, per_tag: int, names: str,
+         bands: str, modes: str, no_store: bool, as_json: bool, plot_path: str | None) -> None:
+    """Serving throughput by context band and concurrency: speculation off, on, and the rule;
+    the crossover kept in the profile for `localspec serve`."""
     if plot_path:
         from localspec.bench.report import check_plot
         from localspec.core.errors import LocalspecError
@@ -342,12 +458,14 @@ def main(model: str | None, n_threads: int | None, n_gpu_layers: int, concurrenc
     opts = LoadOptions(model=model, draft=None, n_ctx=0, n_threads=n_threads,
                        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=0)
     cs = [int(x) for x in concurrency.split(",") if x.strip()]
+    k = draft_max or (AUTO_DRAFT_MAX if mode == "auto" else 16)
     result = run_serve_bench(opts=opts, n_predict=n_predict, concurrency=cs, threshold=threshold,
-                             spec=SpecConfig(mode="ngram", draft_max=draft_max),
+                             spec=SpecConfig(mode=mode, draft_max=k),
                              tags=[t.strip() for t in tags.split(",") if t.strip()], per_tag=per_tag,
                              names=[n.strip() for n in names.split(",") if n.strip()],
+                             bands=[b.strip() for b in bands.split(",") if b.strip() in BANDS],
                              modes=[m.strip() for m in modes.split(",") if m.strip() in MODES],
-                             progress=lambda line: click.echo(line, err=True))
+                             store=not no_store, progress=lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

@@ -56,7 +56,9 @@ QUICK = {"per_tag": 1, "n_predict": 48, "edit_n": 160, "vcurve_max": 8}
 @click.option("--peer", type=click.Choice(PEERS), default=None,
               help="also run a peer implementation on the same prompts, in the same process")
 @click.option("--serve", "serve", is_flag=True,
-              help="then benchmark serving: concurrent requests, speculation off / on / by rule")
+              help="then benchmark serving (serve's default drafting, auto): concurrent requests by "
+                   "context band, speculation off / on / by rule; prints the crossover and why, and "
+                   "keeps it in the profile for `localspec serve`")
 @click.option("--concurrency", default=None, metavar="C1,C2,...",
               help="with --serve: concurrent request counts [default: the serve bench's]")
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON on stdout")

@@ -59,14 +59,14 @@ class BatchLimits:
 
 def spec_threshold(given: int | None, profile: Profile | None, c: float = 0.0) -> BatchLimits:
     """The rule's limits and where they came from. An explicit value wins (every
-    context), then what `tune` measured on batches of real sequences (per context
-    band; not with a draft model, whose own decodes it did not time), then the limit
+    context), then what `tune` or `bench --serve` measured on batches of real sequences
+    (per context band; not with a draft model, whose own decodes neither timed), then the limit
     implied by the profile's V(n) (and the draft's cost ratio `c`), then the default."""
     if given is not None:
         return BatchLimits(((0, None if given < 0 else given),), "set")
     if profile is not None and profile.batch_limits and not c:
         bands = tuple(sorted((int(ctx), lim) for ctx, lim in profile.batch_limits.items()))
-        return BatchLimits(bands, "measured by tune")
+        return BatchLimits(bands, f"measured by {profile.batch_limits_by or 'tune'}")
     if profile is not None and profile.vcurve:
         return BatchLimits(((0, threshold_from_vcurve(profile.vcurve, c=c)),), "calibration profile V(n)")
     return BatchLimits(((0, DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE),), "default: no profile (run localspec tune)")
