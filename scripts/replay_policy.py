@@ -17,9 +17,11 @@ round times, optionally with noise).
 
 `replay` compares auto three ways with the best fixed (drafter, k): informed by a tune
 profile of the true curve (V(1..64), c), fresh (no profile at all: the first run on a
-machine), and second (informed only by what the fresh run stored). `--bound` adds two
-ceilings: the n-gram oracle (drafts exactly the prefix the target accepts, cut at the
-curve's cheap points) and a drafter that is always right.
+machine), and second (informed only by what the fresh run stored). `--bound` adds
+hindsight (informed auto with how long the trace's copies last known ahead: the run-age
+counts of an earlier pass over it) and two ceilings: the n-gram oracle (drafts exactly
+the prefix the target accepts, cut at the curve's cheap points) and a drafter that is
+always right.
 
 `record --prompts FILE` records other workloads (bench's JSONL format) instead, e.g.
 scripts/heldout/tasks.jsonl: five edits of this repository's files that no policy
@@ -290,8 +292,10 @@ def main() -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="rounds: every round that lost")
     ap.add_argument("--bound", action="store_true", help="also report the n-gram oracle's "
                     "speedup (drafts exactly the prefix the target accepts, cut at the "
-                    "curve's cheap points: no policy with this drafter does better) and a "
-                    "perfect drafter's (the cap of speculation on this curve)")
+                    "curve's cheap points: no policy with this drafter does better), a "
+                    "perfect drafter's (the cap of speculation on this curve), and "
+                    "hindsight: informed auto given the run-age counts of an earlier pass "
+                    "over the same trace (how long its copies last, known ahead)")
     ap.add_argument("--peer", action="store_true", help="replay: also llama-server's n-gram "
                     "settings (ngram-simple at 16 and 48, ngram-mod) on the same traces and "
                     "curve, and auto's speedup over the best of them")
@@ -358,13 +362,15 @@ def report_peer(traces: list[dict], rows: list[tuple[str, dict[str, float]]], v:
     k = max(k_max)
     print(f"\nllama-server's settings replayed (speedup over plain); auto {k} over the best of them")
     print(f"{'trace':14} " + " ".join(f"{n:>18}" for n in names) + f" {'auto / best':>12} {'fresh / best':>12}"
+          + (f" {'hindsight / best':>16}" if "hindsight" in rows[0][1] else "")
           + (f" {'wall: plain s':>13} {'fresh s':>8} {'speedup':>8} {'llama best':>10}" if wall else ""))
     for (name, out), tr in zip(rows, traces):
         plain = replay(tr, NoDrafter(), v, 0.0, 1, False)
         peer = [plain / replay(tr, d, v, 0.0, 256, False) for d in llamacpp_settings()]
         best = max(peer)
         line = (f"{name:14} " + " ".join(f"{x:17.2f}x" for x in peer)
-                + f" {out[f'auto {k}'] / best:11.2f}x {out[f'fresh {k}'] / best:11.2f}x")
+                + f" {out[f'auto {k}'] / best:11.2f}x {out[f'fresh {k}'] / best:11.2f}x"
+                + (f" {out['hindsight'] / best:15.2f}x" if "hindsight" in out else ""))
         if wall:
             tok_s, t1_ms, other = wall
             fixed = len(tr["prompt"]) / tok_s + other
@@ -398,9 +404,9 @@ def report(rows: list[tuple[str, dict[str, float]]], k_max: list[int]) -> None:
     over plain and, in brackets, over the best fixed; then the oracle bounds (--bound);
     then the worst of each column."""
     autos = [f"{kind} {k}" for k in k_max for kind in ("auto", "fresh", "second")]
-    bounds = [b for b in ("bound", "perfect") if b in rows[0][1]]
+    bounds = [b for b in ("hindsight", "bound", "perfect") if b in rows[0][1]]
     print(f"{'trace':14} {'best fixed':>18} " + " ".join(f"{a:>16}" for a in autos)
-          + "".join(f"{b:>9}" for b in bounds))
+          + "".join(f"{b:>10}" for b in bounds))
     worst = {a: [math.inf, math.inf] for a in autos}
     for name, out in rows:
         best = max((key for key in out if key.split()[0] not in ("auto", "fresh", "second",
@@ -411,7 +417,7 @@ def report(rows: list[tuple[str, dict[str, float]]], k_max: list[int]) -> None:
             worst[a] = [min(worst[a][0], out[a]), min(worst[a][1], rel)]
             cells.append(f"{out[a]:.2f}x ({rel:.3f})")
         print(f"{name:14} {best:>10} {out[best]:.2f}x " + " ".join(f"{c:>16}" for c in cells)
-              + "".join(f"{out[b]:8.2f}x" for b in bounds))
+              + "".join(f"{out[b]:9.2f}x" for b in bounds))
     print(f"{'worst':14} {'':>18} " + " ".join(f"{w[0]:.2f}x ({w[1]:.3f})".rjust(16) for w in worst.values()))
 
 

@@ -193,3 +193,27 @@ def test_a_trace_with_token_texts_stops_before_other_spellings(curve):
     (blind, blind_broken), (seen, seen_broken) = run({**tr, "pieces": None}), run(tr)
     assert seen_broken == 0 < blind_broken
     assert seen > blind
+
+
+@pytest.mark.parametrize("curve", CURVES)
+def test_hindsight_knows_the_run_ages_of_an_earlier_pass(curve, monkeypatch):
+    """`hindsight` replays informed auto twice over one trace: the second pass starts from
+    the run-age counts the first left (how long this trace's copies last, known ahead),
+    with a cost model of its own; no policy with the drafter beats the oracle."""
+    tr, v = edit_trace(0), CURVES[curve]
+
+    def ng():
+        return NgramDrafter(3, 12, extra=tr["extra"])
+
+    passes, replay = [], rp.replay
+
+    def spy(trace, drafter, *args):
+        passes.append((drafter, float(drafter.runs.reached.sum())))
+        return replay(trace, drafter, *args)
+
+    monkeypatch.setattr(rp, "replay", spy)
+    t = rp.hindsight(tr, ng, lambda: None, rp.tuned(v, 0.0), v, 0.0, 64)
+    (first, seen_first), (second, seen_second) = passes
+    assert seen_first == 0 and seen_second > 0
+    assert second.runs.reached is first.runs.reached and second.cost is not first.cost
+    assert rp.oracle(tr, ng(), v, 64) <= t + 1e-9

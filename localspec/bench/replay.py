@@ -14,7 +14,7 @@ import statistics
 import numpy as np
 
 from localspec.core.config import SpecConfig
-from localspec.core.drafters.auto import AutoDrafter
+from localspec.core.drafters.auto import AutoDrafter, Learned
 from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter, finished
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.ngram import NgramDrafter
@@ -113,6 +113,20 @@ def oracle_plan(trace: dict, drafter, v: list[float], k_max: int,
     for i in range(n - 1, 0, -1):
         cost[i] = min(v[m] + cost[i + m + 1] for m in range(min(accept[i], k_max) + 1))
     return accept, cost
+
+
+def hindsight(trace: dict, ng, model, profile: Profile | None, v: list[float], c: float,
+              k_max: int) -> float:
+    """auto's modelled decode time when how long the trace's copies last is known ahead:
+    its run-age counts (CopyAge) are those one earlier pass over the same trace left
+    (`Learned`, as a server's requests share them; the cost model is not carried over).
+    Between auto and the oracle: what a perfect estimate of the copies' hazard by age
+    could give, apart from what only knowing where each copy breaks gives."""
+    learned = Learned()
+    replay(trace, AutoDrafter(ng(), model(), profile, k_max=k_max, learned=learned), v, c, k_max, False)
+    learned.cost = None  # only the run ages are known ahead
+    return replay(trace, AutoDrafter(ng(), model(), profile, k_max=k_max, learned=learned), v, c,
+                  k_max, False)
 
 
 def rounds_against_oracle(trace: dict, drafter, oracle_drafter, v: list[float], c: float,
@@ -224,6 +238,8 @@ def replay_trace(tr: dict, v: list[float], c: float, args) -> dict[str, float]:
     if args.bound:
         out["bound"] = plain / oracle(tr, ng(), v, max(args.k_max))
         out["perfect"] = plain / oracle(tr, None, v, max(args.k_max), perfect=True)
+        out["hindsight"] = plain / hindsight(tr, ng, model, tuned(getattr(args, "tuned_v", None) or v, c),
+                                             v, c, max(args.k_max))
     for k in args.k_max:
         # the profile tune measured: of the true curve, or of another (--tuned-curve)
         profile = tuned(getattr(args, "tuned_v", None) or v, c)
