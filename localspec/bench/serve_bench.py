@@ -337,20 +337,19 @@ def format_report(result: dict[str, Any]) -> str:
         runs = [r for r in result["runs"] if r["band"] == band]
         by = {(r["concurrency"], r["mode"]): r for r in runs}
         lines += [f"{band} prompts, ~{x['context']} tokens of context a sequence:",
-                  "  C | end-to-end tok/s off    on  rule | decode tok/s/slot off    on | step ms off     on"
-                  " | tok/step off   on | on/off  acc"]
+                  f"    | {'end-to-end tok/s':<20} | {'decode tok/s a slot':<20} | {'step ms':<13}"
+                  f" | {'tokens/step':<13} |",
+                  f"  C | {'off':>6} {'on':>6} {'rule':>6} | {'off':>8} {'on':>8}    | {'off':>6} {'on':>6}"
+                  f" | {'off':>5} {'on':>5}   | on/off  acc"]
         for c in sorted({r["concurrency"] for r in runs}):
             row = [by.get((c, m), {}) for m in MODES]
-            e2e = [r.get("tok_s") for r in row]
-            dec = [r.get("decode_tok_s") for r in row[:2]]
-            step = [r.get("decode_step_ms") for r in row[:2]]
-            toks = [r.get("decode_step_tokens") for r in row[:2]]
+            e2e = " ".join(_f(r.get("tok_s"), 6) for r in row)
+            dec = " ".join(_f(r.get("decode_tok_s") and r["decode_tok_s"] / c, 8) for r in row[:2])
+            step = " ".join(_f(r.get("decode_step_ms"), 6, 1) for r in row[:2])
+            toks = " ".join(_f(r.get("decode_step_tokens"), 5) for r in row[:2])
             ratio = next((y["on_over_off"] for y in x["by_concurrency"] if y["concurrency"] == c), None)
             acc = row[1].get("acceptance")
-            lines.append(f"{c:3d} |{' ' * 12}{_f(e2e[0], 6)}{_f(e2e[1], 6)}{_f(e2e[2], 6)} |"
-                         f"{' ' * 13}{_f(dec[0] and dec[0] / c, 7)}{_f(dec[1] and dec[1] / c, 6)} |"
-                         f"{' ' * 5}{_f(step[0], 6, 1)}{_f(step[1], 7, 1)} |"
-                         f"{' ' * 5}{_f(toks[0], 7)}{_f(toks[1], 5)} | {_f(ratio, 5)}x"
+            lines.append(f"{c:3d} | {e2e} | {dec}    | {step} | {toks}   | {_f(ratio, 5)}x"
                          + (f" {acc:4.0%}" if acc is not None else ""))
         lines.append(_crossover_line(x))
     checks = ", ".join(f"{x['band']} C={x['concurrency']}: {x['rule_over_best']:.2f}" for x in result["rule_check"]
