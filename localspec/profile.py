@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -23,6 +24,9 @@ from localspec.files import write_atomic
 from localspec.models import paths
 
 N_MAX = 64  # tune times V(n) this far: edits draft long copies, and a size known need not be tried
+LONG_N_MAX = 256  # ... and this far after a long context (`vbands`): edits draft up to 256
+LONG_CONTEXT = 1024  # tokens of that long context: where an edit of a few hundred lines verifies
+VCURVE_CONTEXT = 64  # tokens of context the short curve is timed after (about: tune's base text)
 # The build whose on-line costs a profile holds. 2: a serve round decoded beside other
 # sequences' rows is no longer timed (version 1 timed it at the whole shared step, so a
 # one-token decode at two clients was stored about twice as dear, 34.8 ms against 10-17 ms
@@ -59,6 +63,11 @@ class Profile:
     # what `--spec auto` learned of memory drafts' acceptance (drafters/memory.py's
     # MemoryModel counts by match length and support): a property of the target and traffic
     memory_accept: dict = field(default_factory=dict)
+    # V(n) after a longer context, {"context": [V(1)..V(m)]}: attention over the context
+    # makes large verifies dearer relative to one token there (an edit verifies after
+    # 1,000-2,500 tokens), and edits verify up to 257 tokens at once
+    vbands: dict[str, list[float]] = field(default_factory=dict)
+    vcurve_context: int = VCURVE_CONTEXT  # the context `vcurve` was timed after
 
     @property
     def c(self) -> float | None:
@@ -67,6 +76,27 @@ class Profile:
 
     def v(self, n: int) -> float:
         return self.vcurve[min(max(n, 1), len(self.vcurve)) - 1]
+
+    def curve_for(self, n_ctx: int | None) -> list[float]:
+        """V(n) for a generation at a context of n_ctx tokens: the measured band (the short
+        `vcurve` or one of `vbands`) nearest it on a log scale (None: the short one),
+        continued past its last size along the longest other band's shape, scaled to
+        meet it there (not by a guess), so a short curve to 64 still knows what 256
+        tokens cost."""
+        bands = {self.vcurve_context: self.vcurve} if self.vcurve else {}
+        bands.update({int(c): list(v) for c, v in self.vbands.items() if v and int(c) > 0})
+        if not bands:
+            return []
+        if n_ctx is None:
+            n_ctx = self.vcurve_context
+        near = min(bands, key=lambda c: (abs(math.log(max(n_ctx, 1) / max(c, 1))), c))
+        curve = bands[near]
+        longest = max(bands.values(), key=len)
+        if len(longest) > len(curve):
+            m = len(curve)
+            scale = curve[-1] / longest[m - 1]
+            curve = [*curve, *(x * scale for x in longest[m:])]
+        return curve
 
     def online_v(self, min_rounds: int = 1) -> dict[int, float]:
         """{n: V(n)} measured on-line at sizes seen in at least `min_rounds` verifies."""
@@ -114,6 +144,9 @@ def _read(key: str, folder: Path | None = None) -> Profile | None:
                              **json.loads(((folder or _profiles_dir()) / f"{key}.json").read_text())})
     except (OSError, ValueError, TypeError):
         return None  # missing, or corrupt: never trusted
+    if not (isinstance(profile.vbands, dict)
+            and all(str(c).isdigit() and isinstance(v, list) for c, v in profile.vbands.items())):
+        return None  # a band that is not {"context": [V(1)..]}: corrupt too
     if profile.online_version < ONLINE_VERSION:  # costs timed the old way: tune's curve stays,
         # and so does what is no timing (memory drafts' acceptance); a profile no tune
         # measured had its one-token time timed on-line too: unknown until a run stores one

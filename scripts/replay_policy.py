@@ -178,7 +178,7 @@ def report_sessions(paths: list[str], v: list[float], c: float, args) -> None:
 def report_rounds(paths: list[str], v: list[float], c: float, args) -> None:
     """Per trace (edits only, n-gram only, the largest --k-max): auto's rounds that lost
     against the oracle, then its regret by kind of round."""
-    from localspec.bench.replay import rounds_against_oracle, trace_ngram, tuned
+    from localspec.bench.replay import _long_band, rounds_against_oracle, trace_ngram, tuned
     from localspec.core.drafters.auto import AutoDrafter
 
     k = max(args.k_max)
@@ -188,7 +188,7 @@ def report_rounds(paths: list[str], v: list[float], c: float, args) -> None:
         for tr in traces:
             def ng(tr=tr):
                 return trace_ngram(tr, args.edit_ngram)
-            profile = None if args.fresh else tuned(args.tuned_v or v, c)
+            profile = None if args.fresh else tuned(args.tuned_v or v, c, long=_long_band(args, v))
             rows = rounds_against_oracle(tr, AutoDrafter(ng(), None, profile, k_max=k), ng(), v, c, k)
             plain = (len(tr["ids"]) - 1) * v[0]
             spent = sum(v[r["drafted"]] for r in rows)
@@ -278,6 +278,10 @@ def main() -> int:
                     "profile (default: the true curve). The same machine's curve at a "
                     "shorter context (amx_xeon_2core.json against its 600ctx file) replays "
                     "a tuned run against the untuned fresh and second ones")
+    ap.add_argument("--tuned-long-curve", help="the curve `tune` measured after a long context "
+                    "(its V(n) band to 256, which informs auto on long prompts as edits'; "
+                    "default: the true curve), or `none`: a profile of a tune that timed "
+                    "the short curve alone")
     ap.add_argument("--c", type=float, default=None, help="draft model cost ratio (default: the profile's)")
     ap.add_argument("--no-model", dest="model", action="store_false",
                     help="replay without the draft model (as `localspec edit` runs by default)")
@@ -324,6 +328,8 @@ def main() -> int:
     c = args.c if args.c is not None else (profile.c or 0.5) if profile else 0.0
     v = true_curve(args.curve, max([*args.k_max, *FIXED_K]) + 2, profile)
     args.tuned_v = true_curve(args.tuned_curve, len(v), None) if args.tuned_curve else None
+    args.tuned_long_v = (args.tuned_long_curve if args.tuned_long_curve in (None, "none")
+                         else true_curve(args.tuned_long_curve, len(v), None))
     if args.action == "rounds":
         report_rounds(args.traces, v, c, args)
         return 0

@@ -504,3 +504,46 @@ def test_auto_drafts_to_a_dip_of_the_curve(dip):
         assert rounds_at_36 > 5 and rounds_at_36 * 35 > 0.5 * stats.accepted
     else:
         assert rounds_at_36 == 0 and stats.tokens_per_round > 8
+
+
+# ----- the profile's band nearest the prompt's length (tune's V(n) after a long context) -----
+
+
+def _two_contexts() -> Profile:
+    """A machine whose verify is nearly flat after a short context and, after 1,024
+    tokens, costs one decode per token (so no draft pays there)."""
+    return Profile(key="k", target="t", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                   t_token_s=0.1, vcurve=[1.0 + 0.02 * (n - 1) for n in range(1, 33)],
+                   prefill_tok_s=100.0, vcurve_context=64,
+                   vbands={"1024": [float(n) for n in range(1, 33)]})
+
+
+def test_cost_model_context_switches_the_prior_to_the_nearest_band():
+    cost = CostModel(_two_contexts(), 16, learn=False)
+    assert cost.v(16) == pytest.approx(1.3)  # the short curve until told the context
+    cost.context(1500)
+    assert cost.v(16) == pytest.approx(16.0) and cost.v(8) == pytest.approx(8.0)
+    cost.context(40)  # the next generation is a chat turn: back to the short curve
+    assert cost.v(16) == pytest.approx(1.3)
+    no_profile = CostModel(None, 16)
+    before = no_profile.v(16)
+    no_profile.context(1500)  # no profile: the guess stays
+    assert no_profile.v(16) == before
+
+
+@pytest.mark.parametrize("prompt_len", [8, 1200])
+def test_auto_prices_drafts_with_the_band_of_its_prompts_length(prompt_len):
+    """The same right drafts: after a short prompt the flat short curve makes long drafts
+    pay; after a 1,200-token prompt the band says n tokens cost n decodes, and auto
+    (begin: CostModel.context) stays plain."""
+    model = FakeModel(n_ctx=2048)
+    auto = AutoDrafter(_Fixed(model, good=True), None, _two_contexts(), k_max=16, learn_costs=False)
+    prompt = [1 + i % 40 for i in range(prompt_len)]
+    ids, _, stats = collect(generate(model, prompt, auto, sampling=SamplingConfig(),
+                                     spec=SpecConfig(mode="auto", draft_max=16, adaptive=False),
+                                     gen=GenerationConfig(max_tokens=120)))
+    assert ids == model.continuation(prompt, 120)
+    if prompt_len < 64:
+        assert stats.tokens_per_round > 6
+    else:
+        assert stats.drafted < 20 and stats.tokens_per_round < 1.3

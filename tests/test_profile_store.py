@@ -8,6 +8,8 @@ import json
 import threading
 from dataclasses import replace
 
+import pytest
+
 from localspec.core.backend import Model
 from localspec.core.config import ModelConfig
 from localspec.runtime import setup_of
@@ -125,3 +127,54 @@ def test_on_line_costs_saved_by_the_build_that_timed_shared_steps_are_dropped(sm
         assert load_profile(setup, online=True).t_token_s == 0.014  # the latest run's
     finally:
         target.close()
+
+
+# ----- V(n) bands after a long context (tune --vcurve-long-max) -----------------------------
+
+
+def _banded(key: str = "k") -> Profile:
+    # the short curve to 4 after 64 tokens; a band to 8 after 1,024 tokens (dearer per size)
+    return replace(_tuned(key), vcurve=[1.0, 2.0, 3.0, 4.0], vcurve_context=64,
+                   vbands={"1024": [1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]})
+
+
+def test_a_profile_with_bands_round_trips_and_one_without_still_loads(smol_path):
+    target = Model(ModelConfig(path=smol_path, n_ctx=128, n_threads=1))
+    try:
+        setup = setup_of(target)
+        saved = _banded(setup.key)
+        save_profile(saved)
+        got = load_profile(setup)
+        assert got.vbands == {"1024": [1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]}
+        assert got.vcurve_context == 64 and got == saved
+        # a file an earlier tune wrote has neither field: it loads, with no band, and
+        # every context gets its short curve
+        old = {**_tuned(setup.key).__dict__, "online_version": profile_module.ONLINE_VERSION}
+        old.pop("vbands"), old.pop("vcurve_context")
+        _write_raw(setup.key, old)
+        got = load_profile(setup)
+        assert got is not None and got.vbands == {} and got.vcurve == [1.0, 1.5, 2.0]
+        assert got.curve_for(2000) == got.curve_for(None) == [1.0, 1.5, 2.0]
+        # a band that is not {"context": [V(1)..]} is corrupt: the file is not trusted
+        _write_raw(setup.key, {**old, "vbands": [[1.0, 2.0]]})
+        assert load_profile(setup) is None
+        _write_raw(setup.key, {**old, "vbands": {"long": [1.0, 2.0]}})
+        assert load_profile(setup) is None
+    finally:
+        target.close()
+
+
+def test_curve_for_picks_the_band_measured_nearest_the_context():
+    p = _banded()
+    band = p.vbands["1024"]
+    assert p.curve_for(2000) == band and p.curve_for(1024) == band
+    assert p.curve_for(300) == band  # nearer 1,024 than 64 on a log scale (3.4x against 4.7x)
+    # the short curve for a short context, continued past its 4 sizes along the band's
+    # shape, scaled to meet it at 4 (V(4) = 4 against the band's 6)
+    short = [1.0, 2.0, 3.0, 4.0, 8.0 * 4 / 6, 10.0 * 4 / 6, 12.0 * 4 / 6, 14.0 * 4 / 6]
+    for n_ctx in (None, 10, 64, 200):
+        assert p.curve_for(n_ctx) == pytest.approx(short)
+    # two bands: the nearest wins
+    two = replace(p, vbands={**p.vbands, "4096": [1.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0, 21.0]})
+    assert two.curve_for(3000) == two.vbands["4096"] and two.curve_for(1500) == band
+    assert replace(p, vcurve=[], vbands={}).curve_for(500) == []  # nothing measured

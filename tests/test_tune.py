@@ -12,12 +12,12 @@ from test_cli import cli
 
 from localspec.commands.tune import _policy_lines, ceiling
 from localspec.models import paths
-from localspec.profile import Profile, Setup, load_profile, save_profile
+from localspec.profile import Profile, Setup, load_profile, save_profile, vcurve_sizes
 
 
 def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):
     proc = cli("tune", "-m", smol_path, "-md", smol_path, "-t", "1", "--json", "--vcurve-max", "24",
-               timeout=600)
+               "--vcurve-long-max", "40", timeout=600)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     v = out["vcurve"]
@@ -25,12 +25,16 @@ def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):
     assert out["t_token_s"] > 0 and out["prefill_tok_s"] > 0
     assert out["draft_t_token_s"] > 0 and out["n_threads"] == 1
     assert out["flash_attn"] in ("on", "off", None)  # timed both ways at a long context
+    # and V(n) again after 1,024 tokens (the default context, 4,096, holds it), to 40
+    assert list(out["vbands"]) == ["1024"] and out["vcurve_context"] > 0
+    band = out["vbands"]["1024"]
+    assert len(band) == 40 and band[0] == 1.0 and all(x > 0 for x in band)
 
     stored = [json.loads(p.read_text()) for p in (paths.state_dir() / "profiles").glob("*.json")]
     # the pair's profile, and the target's alone (V(n) does not depend on the draft): serve
     # and runs without a draft model look that one up
     assert sorted(p["draft"] is None for p in stored) == [False, True]
-    assert all(p["vcurve"] == v for p in stored)
+    assert all(p["vcurve"] == v and p["vbands"] == out["vbands"] for p in stored)
 
     proc = cli("run", "--raw", "-m", smol_path, "-md", smol_path, "-t", "1", "--spec", "auto",
                "-n", "24", "--stats", "json", "--no-log", "def fib(n):")
@@ -42,7 +46,7 @@ def test_tune_saves_a_profile_that_auto_and_serve_find(smol_path):
 def test_tune_text_report_names_the_policy(smol_path):
     # -fa forced: no attention timing (the test above covers it), and the report says so
     proc = cli("tune", "-m", smol_path, "-md", "none", "-t", "1", "--vcurve-max", "16", "-fa", "off",
-               timeout=600)
+               "--vcurve-long-max", "0", timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "V(n)" in proc.stdout and "policy that follows" in proc.stdout and "saved" in proc.stdout
     assert "flash attention: off (set by -fa)" in proc.stdout
@@ -50,7 +54,14 @@ def test_tune_text_report_names_the_policy(smol_path):
     assert ", 16:" in proc.stdout and ", 24:" not in proc.stdout  # timed up to --vcurve-max
     # by default up to 64 tokens: edits draft long copies, and a size tune knows is one
     # auto need not try
-    assert "[default: 64;" in " ".join(cli("tune", "--help").stdout.split())
+    assert "V(n) after" not in proc.stdout and "tokens of context (verifying" not in proc.stdout  # no band
+    help_text = " ".join(cli("tune", "--help").stdout.split())
+    assert "[default: 64;" in help_text
+    # and after a long context up to 256 by default: edits verify up to 257 tokens there
+    assert "--vcurve-long-max INTEGER RANGE largest verify batch timed after 1,024 tokens" in help_text
+    assert "[default: 256; 0<=x<=512]" in help_text
+    proc = cli("tune", "-m", smol_path, "--vcurve-long-max", "-1")
+    assert proc.returncode == 2 and "--vcurve-long-max" in proc.stderr
 
 
 # ----- profiles without a model ---------------------------------------------------------
@@ -96,3 +107,56 @@ def test_the_ceiling_is_the_best_tokens_per_verify_cost_measured():
     assert any(line.strip().startswith("ceiling: 1.50x") and "verifying 3 tokens" in line
                for line in _policy_lines(p))
     assert ceiling(replace(p, vcurve=[1.0, 1.9, 2.4])) == (3, 1.25)  # the last size can win
+
+
+def test_the_report_gives_each_bands_ceiling():
+    p = _profile(Setup("t.gguf:10", None, "cpu", 2, 0))
+    p = replace(p, vcurve=[1.0, 1.5, 2.0, 4.0], vbands={"1024": [1.0, 1.8, 2.9, 3.2, 4.0]})
+    lines = _policy_lines(p)
+    assert any("1.50x" in line and "verifying 3 tokens" in line for line in lines)  # the short curve's
+    band_line = [line for line in lines if "after 1,024 tokens of context" in line]
+    assert len(band_line) == 1 and "1.25x" in band_line[0] and "verifying 4 at a time" in band_line[0]
+
+
+# ----- the band's measurement on a real model ------------------------------------------------
+
+
+def test_measure_band_times_every_size_after_the_long_context(smol_path, monkeypatch):
+    from localspec.bench import calibrate
+    from localspec.core.backend import Model
+    from localspec.core.config import ModelConfig
+
+    timed = []
+    real = calibrate._time_decode
+
+    def recording(model, base, n, reps):
+        timed.append((len(base), n, list(model.cached) == list(base)))
+        return real(model, base, n, reps)
+
+    monkeypatch.setattr(calibrate, "_time_decode", recording)
+    target = Model(ModelConfig(path=smol_path, n_ctx=512, n_threads=1))
+    try:
+        ticks = []
+        at, band = calibrate.measure_band(target, context=300, n_max=24, reps=1,
+                                          tick=lambda: ticks.append(1))
+        assert at == 300 and len(band) == 24 and band[0] == 1.0 and all(x > 0 for x in band)
+        sizes = calibrate.band_sizes(24)
+        assert sizes == [*range(1, 10), 10, 12, 14, 16, 20, 24] and len(ticks) == len(sizes)
+        # one-token time first (and again as V(1)'s), then every size, each after the 300
+        # tokens of real text the cache holds
+        assert [n for _, n, _ in timed] == [1, *sizes[1:]]
+        assert all(ctx == 300 and held for ctx, _, held in timed)
+        assert target.cached == []  # left empty, as tune's other measurements expect
+        # a context that cannot hold context + n_max tokens: as long as it can
+        at, band = calibrate.measure_band(target, context=1024, n_max=24, reps=1)
+        assert at == 512 - 24 - 1 and len(band) == 24
+    finally:
+        target.close()
+
+
+def test_band_sizes_reach_past_the_short_curve_on_the_policys_grid():
+    from localspec.bench.calibrate import band_sizes
+
+    sizes = band_sizes(256)
+    assert sizes[:25] == vcurve_sizes(64) and sizes[25:] == [80, 96, 112, 128, 160, 192, 224, 256]
+    assert band_sizes(100)[-2:] == [96, 100]  # the largest asked for is timed

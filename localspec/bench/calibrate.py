@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localspec.profile import N_MAX, Profile, Setup, vcurve_sizes
+from localspec.profile import LONG_CONTEXT, LONG_N_MAX, N_MAX, VCURVE_CONTEXT, Profile, Setup, vcurve_sizes
 
 if TYPE_CHECKING:
     from localspec.core.backend import Model
@@ -34,11 +34,14 @@ def _time_decode(model: Model, base: list[int], n: int, reps: int) -> float:
     return float(np.median(times))
 
 
+SHORT_TEXT = "def measure(n):\n    return sum(range(n)) * 2\n" * 4  # the short curve's context
+
+
 def measure_vcurve(model: Model, n_max: int = N_MAX, reps: int = 3,
                    tick: Callable[[], None] | None = None) -> tuple[float, list[float]]:
     """(seconds for one token, [V(1)..V(n_max)]) on a short warm context: the median of
     `reps` timings at each of vcurve_sizes(n_max), linear in between."""
-    base = model.tokenize("def measure(n):\n    return sum(range(n)) * 2\n" * 4)
+    base = model.tokenize(SHORT_TEXT)
     model.rewind(0)
     model.decode(base, "last")
     t1 = _time_decode(model, base, 1, reps * 3)
@@ -51,6 +54,38 @@ def measure_vcurve(model: Model, n_max: int = N_MAX, reps: int = 3,
     model.rewind(0)
     curve = np.interp(np.arange(1, n_max + 1), sizes, measured)
     return t1, [float(v) for v in curve]
+
+
+def band_sizes(n_max: int) -> list[int]:
+    """The batch sizes timed after a long context: the short curve's (profile.vcurve_sizes)
+    to 64, then the policy's own verify sizes (costs.GRID) up to n_max."""
+    from localspec.core.drafters.costs import grid_sizes
+
+    return sorted({*vcurve_sizes(min(n_max, N_MAX)), *grid_sizes(n_max)})
+
+
+def measure_band(model: Model, context: int = LONG_CONTEXT, n_max: int = LONG_N_MAX, reps: int = 2,
+                 tick: Callable[[], None] | None = None) -> tuple[int, list[float]]:
+    """(the context timed after, [V(1)..V(n_max)]) after a long context of real text
+    (this file's): an edit verifies up to 257 tokens after 1,000-2,500, where attention
+    makes every size dearer relative to one token than the short curve says (the AMX
+    Xeon: V(64) 7.41 after a short context, 8.29 after 600 tokens). Medians of `reps`
+    timings (three times as many for one token), linear in between; ticks once per size."""
+    context = min(context, model.n_ctx_seq - n_max - 1)
+    text = model.tokenize(Path(__file__).read_text())  # a few thousand tokens: repeated if short
+    base = (text * (context // len(text) + 1))[:context]
+    model.rewind(0)
+    model.prefill(base)
+    t1 = _time_decode(model, base, 1, reps * 3)
+    sizes = band_sizes(n_max)
+    measured = []
+    for n in sizes:
+        measured.append(_time_decode(model, base, n, reps) / t1 if n > 1 else 1.0)
+        if tick:
+            tick()
+    model.rewind(0)
+    curve = np.interp(np.arange(1, n_max + 1), sizes, measured)
+    return context, [float(v) for v in curve]
 
 
 def measure_token_time(model: Model, reps: int = 12) -> float:
@@ -163,17 +198,22 @@ def _time_multi(model: Model, b: int, n: int, base: int, reps: int) -> float:
 
 
 def calibrate(target: Model, draft: Model | None, setup: Setup, n_max: int = N_MAX,
-              tick: Callable[[], None] | None = None) -> Profile:
+              tick: Callable[[], None] | None = None, long_max: int = LONG_N_MAX) -> Profile:
     """Measure everything a profile of `setup` (runtime.setup_of(target, draft)) holds;
-    about three minutes for the default pair on 2 cores. With -fa auto it first
+    about five minutes for the default pair on 2 cores. With -fa auto it first
     compares flash attention on and off (measure_flash_attn) and measures the rest with
-    the faster one."""
+    the faster one. V(n) is timed twice: to n_max after a short context (a chat turn),
+    and to long_max after LONG_CONTEXT tokens (an edit; 0: not), where the context fits."""
     flash = target.cfg.flash_attn  # as asked: -fa auto re-measures whatever an earlier tune chose
     if flash == "auto":
         flash, _ = measure_flash_attn(target)
         if tick:
             tick()
     t1, curve = measure_vcurve(target, n_max, tick=tick)
+    bands = {}
+    if long_max and target.n_ctx_seq - long_max - 1 >= 4 * VCURVE_CONTEXT:
+        at, band = measure_band(target, n_max=long_max, tick=tick)
+        bands[str(at)] = band
     prefill = measure_prefill(target)
     if tick:
         tick()
@@ -185,5 +225,5 @@ def calibrate(target: Model, draft: Model | None, setup: Setup, n_max: int = N_M
         key=setup.key, target=target.name, draft=draft.name if draft else None,
         device=setup.device, n_threads=setup.n_threads, n_gpu_layers=setup.n_gpu_layers,
         t_token_s=t1, vcurve=curve, prefill_tok_s=prefill, draft_t_token_s=draft_t, flash_attn=flash,
-        batch_limits=limits,
+        batch_limits=limits, vbands=bands, vcurve_context=len(target.tokenize(SHORT_TEXT)),
     )

@@ -19,7 +19,7 @@ from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter, finished
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import AdaptiveK
-from localspec.profile import Profile, merge_online
+from localspec.profile import LONG_CONTEXT, LONG_N_MAX, N_MAX, Profile, merge_online
 
 # the fixed k auto is judged against, adaptive and fixed (15 fixed: edit's old default)
 FIXED_K = (4, 8, 15, 16, 32, 64, 128, 256)
@@ -179,11 +179,20 @@ def true_curve(spec: str, n_max: int, profile: Profile | None) -> list[float]:
 
 
 
-def tuned(v: list[float], c: float, n: int = 64) -> Profile:
-    """The profile `localspec tune` would measure on that curve (V(1..64), c)."""
+def tuned(v: list[float], c: float, n: int = N_MAX, long: list[float] | None = None) -> Profile:
+    """The profile `localspec tune` would measure on that curve (V(1..64) after a short
+    context, c) and, with `long`, on that one after 1,024 tokens (V(1..256), a band)."""
+    bands = {str(LONG_CONTEXT): long[:LONG_N_MAX]} if long else {}
     return Profile(key="replay", target="t", draft="d", device="cpu", n_threads=2, n_gpu_layers=0,
-                   t_token_s=1.0, vcurve=v[:n], prefill_tok_s=0.0, draft_t_token_s=c)
+                   t_token_s=1.0, vcurve=v[:n], prefill_tok_s=0.0, draft_t_token_s=c, vbands=bands)
 
+
+
+def _long_band(args, v: list[float]) -> list[float] | None:
+    """The tuned profile's long-context band: --tuned-long-curve's, the true curve where
+    none was given, or none (`none`: a profile of a tune that timed only the short curve)."""
+    long = getattr(args, "tuned_long_v", v)
+    return None if long == "none" else (long or v)
 
 
 def fresh_then_stored(tr: dict, ng, model, v: list[float], c: float, k: int, noise: float,
@@ -238,11 +247,13 @@ def replay_trace(tr: dict, v: list[float], c: float, args) -> dict[str, float]:
     if args.bound:
         out["bound"] = plain / oracle(tr, ng(), v, max(args.k_max))
         out["perfect"] = plain / oracle(tr, None, v, max(args.k_max), perfect=True)
-        out["hindsight"] = plain / hindsight(tr, ng, model, tuned(getattr(args, "tuned_v", None) or v, c),
+        out["hindsight"] = plain / hindsight(tr, ng, model, tuned(getattr(args, "tuned_v", None) or v, c,
+                                                                  long=_long_band(args, v)),
                                              v, c, max(args.k_max))
     for k in args.k_max:
-        # the profile tune measured: of the true curve, or of another (--tuned-curve)
-        profile = tuned(getattr(args, "tuned_v", None) or v, c)
+        # the profile tune measured: of the true curve, or of another (--tuned-curve),
+        # and after a long context (--tuned-long-curve: by default the true curve)
+        profile = tuned(getattr(args, "tuned_v", None) or v, c, long=_long_band(args, v))
         informed = [replay(tr, AutoDrafter(ng(), model(), profile, k_max=k), v, c, k, False,
                            args.noise, s) for s in seeds]
         runs = [fresh_then_stored(tr, ng, model, v, c, k, args.noise, s) for s in seeds]

@@ -11,11 +11,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from localspec import models
-from localspec.bench.calibrate import BATCH_CONTEXTS, calibrate
+from localspec.bench.calibrate import BATCH_CONTEXTS, band_sizes, calibrate
 from localspec.commands.options import load_options, model_options
 from localspec.core.drafters.auto import CostModel, best_k
 from localspec.core.errors import LocalspecError
-from localspec.profile import N_MAX, Profile, save_profile, vcurve_sizes
+from localspec.profile import LONG_CONTEXT, LONG_N_MAX, N_MAX, Profile, save_profile, vcurve_sizes
 
 
 def _policy_lines(p: Profile) -> list[str]:
@@ -33,14 +33,18 @@ def _policy_lines(p: Profile) -> list[str]:
     n, rate = ceiling(p)
     lines.append(f"{'ceiling':>11}: {rate:.2f}x (a drafter always right, verifying {n} tokens at a time): "
                  "the most speculation can give here")
+    for ctx, band in sorted(p.vbands.items(), key=lambda x: int(x[0])):
+        n, rate = ceiling(p, band)
+        lines.append(f"{'':>11}  {rate:.2f}x after {int(ctx):,} tokens of context (verifying {n} at a time)")
     return lines
 
 
-def ceiling(p: Profile) -> tuple[int, float]:
+def ceiling(p: Profile, curve: list[float] | None = None) -> tuple[int, float]:
     """(n, n / V(n)) at the measured verify size where a drafter that is always right
     gains most: speculation's cap on this machine (long copies approach it; a CPU whose
-    V(n) grows nearly linearly keeps it near 2x, a GPU's flat curve puts it far above)."""
-    rates = [n / v for n, v in enumerate(p.vcurve, start=1)]
+    V(n) grows nearly linearly keeps it near 2x, a GPU's flat curve puts it far above).
+    `curve`: one of the profile's long-context bands instead of the short curve."""
+    rates = [n / v for n, v in enumerate(curve or p.vcurve, start=1)]
     best = max(range(len(rates)), key=rates.__getitem__)
     return best + 1, rates[best]
 
@@ -49,13 +53,19 @@ def ceiling(p: Profile) -> tuple[int, float]:
 @model_options(default_draft=True)
 @click.option("--json", "as_json", is_flag=True, help="print the profile as JSON")
 @click.option("--vcurve-max", type=click.IntRange(2, 256), default=N_MAX, show_default=True,
-              help="largest verify batch timed (auto tries larger ones itself, within a budget)")
+              help="largest verify batch timed after a short context (auto tries larger ones "
+              "itself, within a budget)")
+@click.option("--vcurve-long-max", type=click.IntRange(0, 512), default=LONG_N_MAX, show_default=True,
+              help=f"largest verify batch timed after {LONG_CONTEXT:,} tokens of context, where "
+              "edits verify (0: not timed)")
 @click.pass_context
-def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
-    """Measure decode cost, the verify cost curve V(n) for n = 1..64 (--vcurve-max),
+def tune(ctx: click.Context, as_json: bool, vcurve_max: int, vcurve_long_max: int, **kw) -> None:
+    """Measure decode cost, the verify cost curve V(n) for n = 1..64 (--vcurve-max)
+    after a short context and for n = 1..256 (--vcurve-long-max) after 1,024 tokens,
     prefill speed and the draft model's cost ratio on this machine; store them for
-    `--spec auto`. With -fa auto (the default) it first times flash attention on and
-    off at a 1,024-token context and keeps the faster for every later run.
+    `--spec auto`, which reads the curve measured nearest its prompt's length. With
+    -fa auto (the default) it first times flash attention on and off at a 1,024-token
+    context and keeps the faster for every later run.
 
     The profile is keyed by model files, device, threads and GPU layers.
     """
@@ -75,9 +85,11 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
         TimeElapsedColumn(), console=console, transient=True,
     ) as progress:
         task = progress.add_task("measure", total=len(vcurve_sizes(vcurve_max)) + 2 + len(BATCH_CONTEXTS)
-                                 + (opts.flash_attn == "auto"))
+                                 + (opts.flash_attn == "auto")
+                                 + (len(band_sizes(vcurve_long_max)) if vcurve_long_max else 0))
         setup = setup_of(rt.target, rt.draft)
-        profile = calibrate(rt.target, rt.draft, setup, vcurve_max, tick=lambda: progress.advance(task))
+        profile = calibrate(rt.target, rt.draft, setup, vcurve_max, tick=lambda: progress.advance(task),
+                            long_max=vcurve_long_max)
     path = save_profile(profile)
     if profile.draft is not None:  # V(n) is the target's alone: serve and draftless runs use it too
         save_profile(replace(profile, key=setup.alone().key, draft=None, draft_t_token_s=None))
@@ -97,6 +109,9 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, **kw) -> None:
     click.echo(f"flash attention: {attention}")
     click.echo("V(n) = verify n tokens / one token: " + ", ".join(
         f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 12, 16, 24, 32, 48, 64) if n <= len(v)))
+    for at, band in sorted(profile.vbands.items(), key=lambda x: int(x[0])):
+        click.echo(f"V(n) after {int(at):,} tokens: " + ", ".join(
+            f"{n}:{band[n - 1]:.2f}" for n in (2, 4, 8, 16, 32, 64, 128, 256) if n <= len(band)))
     if profile.draft:
         click.echo(f"draft {profile.draft}: {1000 * profile.draft_t_token_s:.1f} ms/token, c = {profile.c:.2f}")
     if profile.batch_limits:

@@ -219,6 +219,7 @@ class AutoDrafter(DrafterBase):
         self._last = PLAIN  # this round's plan, for `observe`
 
     def begin(self, prompt: Sequence[int]) -> None:
+        self.cost.context(len(prompt))  # the profile's V(n) measured nearest this context
         self.runs.reset(len(prompt), copying=self.ngram.copying)
         self.ngram.begin(prompt)
         if self.model is not None:

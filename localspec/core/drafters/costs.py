@@ -3,8 +3,9 @@ batch relative to decoding one, as far as this machine has shown it.
 
 Where V comes from, best first: the verify times this run measures (medians per batch
 size: the odd stalled round does not move them), what earlier runs measured and stored
-(`Profile.online`), `localspec tune`'s curve (n <= 32, on a short context), and beyond
-all of those a guess. Sizes nobody measured are scaled by the measured/stored ratio at
+(`Profile.online`), `localspec tune`'s curve at the context band nearest this
+generation's (to 64 after a short context, to 256 after 1,024 tokens), and beyond all
+of those a guess. Sizes nobody measured are scaled by the measured/stored ratio at
 the nearest measured sizes, so the stored shape (where the kernels switch: V(8) can cost
 more than V(16)) survives a change of context length or load.
 
@@ -83,13 +84,14 @@ def extend(sizes: list[int], values: list[float], n_max: int) -> np.ndarray:
     return curve
 
 
-def _base_curve(profile: Profile | None, n_max: int) -> tuple[list[float], list[int]]:
+def _base_curve(profile: Profile | None, n_max: int, n_ctx: int | None = None) -> tuple[list[float], list[int]]:
     """(V(1..n_max), how well each is measured: 0 not, 1 by a round or two of an
-    earlier run, 2 by tune or STEADY rounds) from the profile and its stored on-line
-    points (extended as `extend` does)."""
+    earlier run, 2 by tune or STEADY rounds) from the profile's curve for a context of
+    n_ctx tokens (`Profile.curve_for`) and its stored on-line points (extended as
+    `extend` does)."""
     points, level = {1: 1.0}, {1: 2}
     if profile is not None:
-        points.update({n: float(v) for n, v in enumerate(profile.vcurve, start=1)})
+        points.update({n: float(v) for n, v in enumerate(profile.curve_for(n_ctx)[:n_max], start=1)})
         level.update({n: 2 for n in points})
         for n, v in profile.online_v().items():
             if n <= n_max:
@@ -109,6 +111,8 @@ class CostModel:
         self.learn = learn  # False: the profile/prior only (reproducible decisions)
         self.n_max = n_max + 1
         self._grid = np.array(grid_sizes(self.n_max))  # where dips() draws its chords
+        self.profile = profile
+        self.n_ctx: int | None = None  # the context the prior's band was chosen for
         self.prior, level = _base_curve(profile, self.n_max)
         self.prior_level = np.array([0, *level])  # by n (index 0 unused)
         self.times: dict[int, deque[float]] = {}
@@ -117,6 +121,18 @@ class CostModel:
         self.c_model = profile.c if profile and profile.c else None
         self.t_token_s = profile.t_token_s if profile else None
         self.draft_token_s: float | None = None
+
+    def context(self, n_ctx: int) -> None:
+        """A generation begins at a context of n_ctx tokens: the prior becomes the
+        profile's curve measured nearest that context (a short one for a chat turn, a
+        long one for an edit). This run's measured times stay as they are."""
+        if self.profile is None or self.n_ctx == n_ctx:
+            return
+        self.n_ctx = n_ctx
+        prior, level = _base_curve(self.profile, self.n_max, n_ctx)
+        if prior != self.prior:
+            self.prior, self.prior_level = prior, np.array([0, *level])
+            self._tables = None
 
     def observe_verify(self, n: int, seconds: float) -> None:
         if 1 <= n <= self.n_max:
