@@ -19,7 +19,9 @@ def fresh(prompt, **kw) -> NgramDrafter:
 def brute_force(context, k, ngram_min, ngram_max, extra=()):
     """Reference: for n from ngram_max down to ngram_min, the most recent earlier
     occurrence of the context's n-suffix that has at least one token after it, searched
-    in the context first and then in `extra`; the draft is what follows (up to k)."""
+    in the context first and then in `extra`; the draft is what follows (up to k). A
+    copy of the context that reaches its end where the context ends in three periods of
+    a loop (the last period's tokens repeat the two before them) goes on repeating it."""
     context, extra = list(context), list(extra)
     for n in range(ngram_max, ngram_min - 1, -1):
         if n > len(context):
@@ -29,6 +31,11 @@ def brute_force(context, k, ngram_min, ngram_max, extra=()):
             # occurrence ending at e (exclusive) with src[e] existing: e <= limit
             for e in range(limit, n - 1, -1):
                 if src[e - n : e] == suffix:
+                    period = len(context) - e
+                    looped = (src is context and k > period and len(context) >= 3 * period
+                              and context[-3 * period:] == context[-period:] * 3)
+                    if looped:
+                        return (context[e:] * k)[:k], n
                     return src[e : e + k], n
     return [], 0
 
@@ -104,6 +111,21 @@ def test_bad_sizes_rejected(lo, hi):
 def test_context_shorter_than_ngram_sizes():
     assert fresh([3]).draft([3], 4).tokens == []
     assert fresh([3, 3]).draft([3, 3], 4).tokens == [3]
+
+
+def test_a_copy_of_a_loop_goes_on_repeating_it():
+    # the context ends in three periods of [5, 6, 7]: the copy of the last one reaches
+    # the context's end and goes on with the loop, up to k
+    ctx = [1, 2, 5, 6, 7, 5, 6, 7, 5, 6, 7]
+    out = fresh(ctx).draft(ctx, 8)
+    assert out.tokens == [5, 6, 7, 5, 6, 7, 5, 6] and out.match_len == 4
+    assert fresh([3, 3, 3]).draft([3, 3, 3], 4).tokens == [3, 3, 3, 3]
+    # two periods are not a loop yet, nor is a copy that stops short of the context's end
+    two = [1, 2, 5, 6, 7, 5, 6, 7]
+    assert fresh(two).draft(two, 8).tokens == [5, 6, 7]
+    assert fresh(ctx).draft(ctx, 2).tokens == [5, 6]
+    # a copy of `extra` (a file) is not a loop of the context
+    assert NgramDrafter(extra=[5, 6, 7], follow=False).draft([9, 5], 8).tokens == [6, 7]
 
 
 def test_extra_used_when_context_has_no_match():

@@ -17,7 +17,12 @@ change site seen before into the unchanged stretch behind it. Given the tokens' 
 elsewhere in another token ("(lo" and "'lo" once " lo" became " low"), until the output
 has kept that token SURE times: a rename reaches every spelling of its word, and a draft
 broken there costs all the tokens drafted past it. The target verifies every draft, so
-this changes only what is proposed."""
+this changes only what is proposed.
+
+A copy of the context itself that reaches the context's end, where the context ends in
+three periods of a loop (a small model repeating a line, a run of equal rows), goes on
+repeating the loop up to k tokens, as an overlapping copy does, instead of stopping at
+the end of the context (a draft of one period)."""
 
 from __future__ import annotations
 
@@ -277,9 +282,10 @@ class NgramDrafter(DrafterBase):
         if len(out) > REWRITE_SPAN + 2:
             self._follow = None
 
-    def _copy(self, src: Sequence[int], p: int, k: int) -> list[int]:
+    def _copy(self, src: Sequence[int], p: int, k: int) -> tuple[list[int], int]:
         """Up to k tokens of `src` from p as the output is expected to write them: the
-        learned rules and substitutions applied, up to the first unsure one."""
+        learned rules and substitutions applied, up to the first unsure one; and the
+        source position the copy reached."""
         out: list[int] = []
         ruled = -1  # where a rule was just applied (an insertion stays at its position)
         while len(out) < k and p < len(src):
@@ -296,7 +302,7 @@ class NgramDrafter(DrafterBase):
                 break
             out.append(u)
             p += 1
-        return out[:k]
+        return out[:k], p
 
     def draft(self, context: Sequence[int], k: int) -> NgramDraft:
         self._sync(context)
@@ -309,17 +315,35 @@ class NgramDrafter(DrafterBase):
                 found is None or f.run >= found[3]) and f.pending is None and f.changed is None:
             # the copy followed has held at least as long as the match (or there is none:
             # the output changed a token, and the next went on with the source after it)
-            tokens = self._copy(f.index.tokens, f.q, k)
+            tokens, end = self._copy(f.index.tokens, f.q, k)
+            tokens = self._looped(f.index, f.q, end, f.run, tokens, k)
             return NgramDraft(tokens=tokens, source=self.name, run_len=f.run)
         if found is None:
             return NgramDraft(source=self.name)
         index, start, n, run = found
-        tokens = index.tokens[start : start + k]
         if sub is not None:
             if f is None or (f.changed is None and (f.index is not index or f.q != start)):
                 self._follow = _Follow(index, start, run)
-            tokens = self._copy(index.tokens, start, k)
+            tokens, end = self._copy(index.tokens, start, k)
+        else:
+            tokens = index.tokens[start : start + k]
+            end = start + len(tokens)
+        tokens = self._looped(index, start, end, run, tokens, k)
         return NgramDraft(tokens=list(tokens), source=self.name, match_len=n, run_len=run)
+
+    def _looped(self, index: _Index, start: int, end: int, run: int, tokens: Sequence[int],
+                k: int) -> Sequence[int]:
+        """`tokens`, copied from `start` to `end` of `index`, gone on to k tokens where they
+        copy the context up to its end and the context ends in a loop: its last `period`
+        tokens (from `start`) repeat the two periods before them (`run`, the tokens before
+        `start` that agree with the context's end, covers both: three periods in all, as a
+        model repeating itself or a run of equal rows gives). Then the copy goes on with
+        the repetition it is part of, as a copy that overlaps itself does."""
+        period = len(index.tokens) - start
+        if (index is self.ctx and 0 < len(tokens) < k and end == len(index.tokens)
+                and run >= 2 * period):
+            return (list(tokens) * (k // len(tokens) + 1))[:k]
+        return tokens
 
     def _lookup(self, context: Sequence[int], sub) -> tuple[_Index, int, int, int] | None:
         """(index, start, n, run) of the longest suffix match, most recent occurrence."""
