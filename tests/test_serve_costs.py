@@ -47,6 +47,34 @@ class _Spy(DrafterBase):
         self.seen.append((verify_s, self.entries[-1]))
 
 
+def _finish_both(sched: Scheduler, *gens: GenerationConfig) -> list[Finished]:
+    """Start `sched`, run two greedy jobs on it at once (gens[i] for the i-th prompt) to
+    their ends, stop it; their Finished events."""
+    model = sched.target
+    prompts = [model.tokenize("Count from one to forty in words."),
+               model.tokenize("List the planets of the solar system, one per line.")]
+    done = [threading.Event() for _ in gens]
+    results: list[object] = [None] * len(gens)
+
+    def sink(i: int):
+        def put(ev: object) -> None:
+            if isinstance(ev, (Finished, Failed)):
+                results[i] = ev
+                done[i].set()
+        return put
+
+    sched.start()
+    try:
+        for i, gen in enumerate(gens):
+            sched.submit(Job(prompts[i], SamplingConfig(temperature=0.0), gen, sink=sink(i)))
+        for d in done:
+            assert d.wait(120)
+    finally:
+        sched.stop()
+    assert all(isinstance(r, Finished) for r in results)
+    return results
+
+
 def test_a_round_decoded_beside_other_sequences_is_not_timed(model, monkeypatch):
     entries: list[int] = []
     decode_multi = model.decode_multi
@@ -61,29 +89,8 @@ def test_a_round_decoded_beside_other_sequences_is_not_timed(model, monkeypatch)
         model.rewind(0, force=True, seq=s)
     sched = Scheduler(model, SchedulerConfig(n_slots=SLOTS, spec=SpecConfig(mode="none")),
                       drafter_factory=lambda spec, sampling, extra: _Spy(seen, entries))
-    sched.start()
-    try:
-        done = [threading.Event(), threading.Event()]
-        results: list[object] = [None, None]
-
-        def sink(i: int):
-            def put(ev: object) -> None:
-                if isinstance(ev, (Finished, Failed)):
-                    results[i] = ev
-                    done[i].set()
-            return put
-
-        prompts = [model.tokenize("Count from one to forty in words."),
-                   model.tokenize("List the planets of the solar system, one per line.")]
-        n = (48, 24)  # the second ends first: the first decodes alone after it
-        for i in range(2):
-            sched.submit(Job(prompts[i], SamplingConfig(temperature=0.0), GenerationConfig(max_tokens=n[i]),
-                             sink=sink(i)))
-        for d in done:
-            assert d.wait(120)
-    finally:
-        sched.stop()
-    assert all(isinstance(r, Finished) for r in results)
+    # the second ends first: the first decodes alone after it
+    _finish_both(sched, GenerationConfig(max_tokens=48), GenerationConfig(max_tokens=24))
     shared = [v for v, e in seen if e > 1]
     alone = [v for v, e in seen if e == 1]
     assert shared and alone, "the run must have rounds of both kinds"
@@ -127,28 +134,8 @@ def test_a_shared_drafting_phase_is_split_between_the_slots_it_drafted_for(model
     spec = SpecConfig(mode="model", draft_max=4, draft_p_min=0.0, adaptive=False)
     sched = Scheduler(model, SchedulerConfig(n_slots=SLOTS, spec=spec, spec_disable_by_batch_size=-1),
                       draft=draft)
-    done = [threading.Event() for _ in range(SLOTS)]
-    results: list[object] = [None] * SLOTS
-
-    def sink(i: int):
-        def put(ev: object) -> None:
-            if isinstance(ev, (Finished, Failed)):
-                results[i] = ev
-                done[i].set()
-        return put
-
-    prompts = [model.tokenize("Count from one to forty in words."),
-               model.tokenize("List the planets of the solar system, one per line.")]
-    sched.start()
-    try:
-        for i in range(SLOTS):
-            sched.submit(Job(prompts[i], SamplingConfig(temperature=0.0),
-                             GenerationConfig(max_tokens=32, ignore_eos=True), sink=sink(i)))
-        for d in done:
-            assert d.wait(120)
-    finally:
-        sched.stop()
-    assert all(isinstance(r, Finished) for r in results)
+    gen = GenerationConfig(max_tokens=32, ignore_eos=True)
+    results = _finish_both(sched, gen, gen)
     m = sched.metrics
     assert m.draft_model_rows > 1.5 * m.draft_model_decodes  # most draft decodes held both slots
     charged = sum(r.stats.draft_s for r in results)

@@ -44,8 +44,15 @@ def measure_vcurve(model: Model, n_max: int = N_MAX, reps: int = 3,
     base = model.tokenize(SHORT_TEXT)
     model.rewind(0)
     model.decode(base, "last")
+    return _curve_after(model, base, vcurve_sizes(n_max), n_max, reps, tick)
+
+
+def _curve_after(model: Model, base: list[int], sizes: list[int], n_max: int, reps: int,
+                 tick: Callable[[], None] | None) -> tuple[float, list[float]]:
+    """(seconds for one token, [V(1)..V(n_max)]) with `base` in the cache: the median of
+    `reps` timings at each of `sizes` (three times as many for one token), linear in
+    between, ticking once per size; the cache left empty."""
     t1 = _time_decode(model, base, 1, reps * 3)
-    sizes = vcurve_sizes(n_max)
     measured = []
     for n in sizes:
         measured.append(_time_decode(model, base, n, reps) / t1 if n > 1 else 1.0)
@@ -76,16 +83,7 @@ def measure_band(model: Model, context: int = LONG_CONTEXT, n_max: int = LONG_N_
     base = (text * (context // len(text) + 1))[:context]
     model.rewind(0)
     model.prefill(base)
-    t1 = _time_decode(model, base, 1, reps * 3)
-    sizes = band_sizes(n_max)
-    measured = []
-    for n in sizes:
-        measured.append(_time_decode(model, base, n, reps) / t1 if n > 1 else 1.0)
-        if tick:
-            tick()
-    model.rewind(0)
-    curve = np.interp(np.arange(1, n_max + 1), sizes, measured)
-    return context, [float(v) for v in curve]
+    return context, _curve_after(model, base, band_sizes(n_max), n_max, reps, tick)[1]
 
 
 def measure_token_time(model: Model, reps: int = 12) -> float:
