@@ -158,12 +158,15 @@ def _read(key: str, folder: Path | None = None) -> Profile | None:
 def load_profile(setup: Setup, online: bool = False) -> Profile | None:
     """The stored profile for this exact setup; falls back to one measured without the
     draft (V(n) is a property of the target alone). Profiles that hold only on-line
-    measurements (no `tune` yet) are returned only when `online` is asked for."""
+    measurements (no `tune` yet: runs' costs, `bench --serve`'s load limits) are returned
+    only when `online` is asked for, and then only where neither key has a tuned one."""
+    untuned = None
     for key in dict.fromkeys((setup.key, setup.alone().key)):
         profile = _read(key)
-        if profile is not None and (profile.vcurve or online):
+        if profile is not None and profile.vcurve:
             return profile
-    return None
+        untuned = untuned or profile
+    return untuned if online else None
 
 
 def save_profile(profile: Profile, folder: Path | None = None) -> Path:

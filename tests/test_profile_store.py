@@ -16,6 +16,7 @@ from localspec.runtime import setup_of
 from localspec.models import paths
 from localspec.profile import (
     Profile,
+    Setup,
     load_profile,
     merge_online,
     save_profile,
@@ -38,6 +39,18 @@ def test_merge_weighs_runs_and_lets_new_ones_move_old_points():
     for _ in range(40):  # many runs: the weight is capped, so the present state wins
         merged = merge_online(merged, {16: (6.0, 5)})
     assert abs(merged["16"][0] - 6.0) < 0.01 and merged["16"][1] == 30
+
+
+def test_a_tuned_profile_wins_over_an_untuned_one_of_the_pair():
+    # the pair's profile holds only what runs measured; the target's own was tuned: both
+    # lookups get the tuned curve, and the on-line lookup the pair's where nothing is tuned
+    pair = Setup(target="t", draft="d", device="cpu", n_threads=1, n_gpu_layers=0)
+    save_profile(replace(_tuned(pair.key), vcurve=[], online={"8": [5.0, 4]}))
+    assert load_profile(pair) is None
+    assert load_profile(pair, online=True).online_v() == {8: 5.0}
+    save_profile(_tuned(pair.alone().key))
+    for online in (False, True):
+        assert load_profile(pair, online=online).key == pair.alone().key
 
 
 def test_store_creates_a_profile_auto_finds_and_tune_keeps(smol_path):

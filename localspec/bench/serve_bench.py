@@ -126,7 +126,7 @@ def run_serve_bench(
     opts = replace(opts, draft=None, n_ctx=default_n_ctx(max_c))
     with open_runtime(opts, want_draft=False, n_seq_max=max_c) as rt:
         target = rt.target
-        profile = None if threshold is not None else (find_profile(target) or find_profile(target, online=True))
+        profile = None if threshold is not None else find_profile(target, online=True)
         limits = spec_threshold(threshold, profile)
         items = wl.select(wl.builtin(), [t for t in tags], 0 if names else per_tag)
         if names:

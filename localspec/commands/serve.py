@@ -159,8 +159,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         refuse_hostile(target)
         spec = _spec(kw, draft)
         # the load limits tune or `bench --serve` measured (the latter without tune too)
-        profile = ((find_profile(target, draft) or find_profile(target, draft, online=True))
-                   if spec_disable is None else None)
+        profile = find_profile(target, draft, online=True) if spec_disable is None else None
         c = profile.c if profile and spec.mode.needs_draft_model else None
         limits = spec_threshold(spec_disable, profile, c or 0.0)
         cfg = SchedulerConfig(n_slots=parallel, queue_size=4 * parallel if queue_size is None else queue_size,
