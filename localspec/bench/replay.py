@@ -244,16 +244,14 @@ def replay_trace(tr: dict, v: list[float], c: float, args) -> dict[str, float]:
         if args.model and k <= 16:
             out[f"model {k}"] = plain / replay(tr, ReplayModelDrafter(tr), v, c, k, True)
     seeds = range(args.seeds if args.noise else 1)
+    # the profile tune measured: of the true curve, or of another (--tuned-curve),
+    # and after a long context (--tuned-long-curve: by default the true curve)
+    profile = tuned(getattr(args, "tuned_v", None) or v, c, long=_long_band(args, v))
     if args.bound:
         out["bound"] = plain / oracle(tr, ng(), v, max(args.k_max))
         out["perfect"] = plain / oracle(tr, None, v, max(args.k_max), perfect=True)
-        out["hindsight"] = plain / hindsight(tr, ng, model, tuned(getattr(args, "tuned_v", None) or v, c,
-                                                                  long=_long_band(args, v)),
-                                             v, c, max(args.k_max))
+        out["hindsight"] = plain / hindsight(tr, ng, model, profile, v, c, max(args.k_max))
     for k in args.k_max:
-        # the profile tune measured: of the true curve, or of another (--tuned-curve),
-        # and after a long context (--tuned-long-curve: by default the true curve)
-        profile = tuned(getattr(args, "tuned_v", None) or v, c, long=_long_band(args, v))
         informed = [replay(tr, AutoDrafter(ng(), model(), profile, k_max=k), v, c, k, False,
                            args.noise, s) for s in seeds]
         runs = [fresh_then_stored(tr, ng, model, v, c, k, args.noise, s) for s in seeds]
