@@ -564,7 +564,7 @@ def test_serve_bench_smoke(smol_path, tmp_path):
     assert out["rule_limit"] == 1 and len(out["rule_check"]) == 2
     assert json.loads(json.dumps(out)) == out  # JSON-ready for `bench --json`
     text = format_report(out)
-    assert "crossover" in text and len(lines) == 7
+    assert "crossover" in text and len(lines) == 1 + 2 * 3 * 2  # C 1, 2; off, on, rule; 2 repeats
     pytest.importorskip("matplotlib")
     from localspec.bench.serve_bench import plot
 

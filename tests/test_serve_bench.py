@@ -10,13 +10,29 @@ import json
 import pytest
 from test_serve import http, start_server, stop_server
 
-from localspec.bench.serve_bench import Run, band_crossover, format_report, run_serve_bench
+from localspec.bench.serve_bench import (
+    Run,
+    _crossover_line,
+    _step_noise,
+    band_crossover,
+    format_report,
+    ratio_noise,
+    run_serve_bench,
+)
 from localspec.core.config import LoadOptions
 
 
-def _run(c: int, mode: str, tok_s: float, step_ms: float, tokens: float) -> Run:
+def _run(c: int, mode: str, tok_s: float, step_ms: float = 20.0, tokens: float = 1.0, repeat: int = 0,
+         noise: float | None = None) -> Run:
     return Run(c, mode, "short", context=100.0, requests=c, tokens=64, tok_s=tok_s, decode_tok_s=tok_s,
-               decode_steps=10, decode_step_ms=step_ms, decode_step_tokens=tokens)
+               decode_steps=10, decode_step_ms=step_ms, decode_step_tokens=tokens, repeat=repeat,
+               step_noise=noise)
+
+
+def _pairs(c: int, ratios: list[float], noise: float | None = None) -> list[Run]:
+    """Repeats of on and off at C whose on/off ratios are `ratios` (off at 100 tok/s)."""
+    return [r for i, x in enumerate(ratios)
+            for r in (_run(c, "off", 100.0, repeat=i, noise=noise), _run(c, "on", 100.0 * x, repeat=i, noise=noise))]
 
 
 def test_the_crossover_is_the_last_concurrency_of_the_first_run_where_speculating_paid():
@@ -31,6 +47,46 @@ def test_the_crossover_is_the_last_concurrency_of_the_first_run_where_speculatin
     # why: the speculative step at batch 4 cost 60/33 plain steps for 5.8/4 the tokens
     assert row4["step_cost"] == pytest.approx(60 / 33) and row4["step_tokens"] == pytest.approx(1.45)
     assert band_crossover([_run(1, "off", 50.0, 20.0, 1.0), _run(1, "on", 40.0, 30.0, 1.2)])["limit"] == 0
+
+
+def test_a_gain_within_the_repeats_spread_is_a_tie_and_keeps_speculation_off():
+    # last session's SmolLM2 edits at C=1: 1.06x in one run, 0.94x in the next
+    x = band_crossover(_pairs(1, [1.06, 0.94, 1.04]) + _pairs(2, [0.85, 0.90, 0.88]))
+    row = x["by_concurrency"][0]
+    assert row["on_over_off"] == pytest.approx(1.04) and row["repeats"] == 3
+    # 2 standard errors of the median: the three ratios' spread / sqrt(3)
+    assert row["noise"] == pytest.approx(2 * 0.0643 / 3 ** 0.5, rel=0.01)
+    assert not row["pays"] and x["limit"] == 0  # 1.04 - 1 < 0.074: a tie goes to off
+    assert "within the noise: a tie, kept off" in _crossover_line(x)
+    # the same median with repeats that agree clears the noise
+    x = band_crossover(_pairs(1, [1.04, 1.05, 1.04]) + _pairs(2, [0.85, 0.90, 0.88]))
+    assert x["by_concurrency"][0]["pays"] and x["limit"] == 1
+    assert "beats off by more than the noise" in _crossover_line(x)
+
+
+def test_the_runs_step_spread_is_the_noise_when_the_repeats_agree_by_chance():
+    # two repeats at exactly 1.06x: no spread between them, but each run's steps spread 4%
+    x = band_crossover(_pairs(1, [1.06, 1.06], noise=0.04))
+    row = x["by_concurrency"][0]
+    assert row["noise"] == pytest.approx(2 * 1.06 * (2 * 0.04 ** 2 / 2) ** 0.5)  # 0.085
+    assert x["limit"] == 0
+    assert band_crossover(_pairs(1, [1.06, 1.06], noise=0.01))["limit"] == 1
+
+
+def test_an_exact_tie_keeps_speculation_off():
+    assert band_crossover(_pairs(1, [1.0]))["limit"] == 0
+    assert band_crossover(_pairs(1, [1.001]))["limit"] == 1  # no noise measured: any gain
+
+
+def test_the_noise_of_a_ratio_and_of_a_run_s_steps():
+    assert ratio_noise([1.1]) == 0.0
+    assert ratio_noise([1.0, 1.2], z=1.0) == pytest.approx(0.1)  # stdev 0.141 / sqrt(2)
+    assert ratio_noise([1.0, 1.0], [0.05, None], z=1.0) == pytest.approx(0.05 / 2 ** 0.5)
+    assert _step_noise([(0.1, 2)]) is None
+    assert _step_noise([(0.1, 2), (0.2, 4), (0.05, 1)]) == pytest.approx(0.0)  # one rate throughout
+    # speculative steps: the same time, 1 or 9 tokens: half the steps' tokens are noise
+    noisy = _step_noise([(0.1, 1), (0.1, 9)] * 5)
+    assert noisy == pytest.approx((10 / 9 * 10 * 16) ** 0.5 / 50)
 
 
 def test_the_report_says_where_it_stops_paying_and_why():
@@ -55,8 +111,12 @@ def test_serve_bench_measures_auto_by_band_and_serve_reads_the_limits(smol_path,
     out = run_serve_bench(opts=opts, n_predict=6, concurrency=(1, 2), tags=("code", "edit"),
                           progress=lines.append)
     assert out["drafter"] == "auto" and out["draft_max"] == 32  # serve's default, not a fixed n-gram
-    assert {(r["band"], r["concurrency"], r["mode"]) for r in out["runs"]} == {
-        (b, c, m) for b in ("short", "long") for c in (1, 2) for m in ("off", "on", "rule")}
+    assert sorted((r["band"], r["concurrency"], r["mode"], r["repeat"]) for r in out["runs"]) == sorted(
+        (b, c, m, i) for b in ("short", "long") for c in (1, 2) for m in ("off", "on", "rule") for i in (0, 1))
+    rows = [y for x in out["crossover"].values() for y in x["by_concurrency"]]
+    assert all(y["repeats"] == 2 and y["noise"] >= 0 and y["pays"] == (y["on_over_off"] - 1 > y["noise"])
+               for y in rows)
+    assert any(r["step_noise"] for r in out["runs"])  # steps at batch C measured their spread
     assert all(r["tokens"] > 0 and r["tok_s"] > 0 for r in out["runs"])
     short, long = out["crossover"]["short"], out["crossover"]["long"]
     assert short["context"] < 200 < long["context"]  # an edit holds its file
@@ -64,7 +124,7 @@ def test_serve_bench_measures_auto_by_band_and_serve_reads_the_limits(smol_path,
     assert all(0 <= v <= 2 for v in out["limits"].values())
     assert json.loads(json.dumps(out)) == out  # JSON-ready for `bench --json`
     text = format_report(out)
-    assert text.count("crossover at") == 2 and len(lines) == 1 + 2 * 6
+    assert text.count("crossover at") == 2 and len(lines) == 1 + 2 * 2 * 6 and "+-" in text
     assert out["stored"].startswith("bench --serve")
     # `localspec serve` with no tune profile takes them, by band, and /health says whence
     proc, base = start_server(smol_path, tmp_path / "home", "--parallel", "2", "-c", "2048")

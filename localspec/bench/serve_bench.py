@@ -15,14 +15,22 @@ edit tasks (a whole file in the prompt: 450-700 tokens); a long KV cache moves t
 crossover. Reported per run: end-to-end throughput (generated tokens / wall time, prefill
 included), decode throughput over the steps that decoded all C sequences together and no
 prompt (batched decode at batch size C), the mean such step's time and tokens, latency and
-time to first token. Per band the crossover is the largest C up to which `on` decoded at
-least as fast as `off` at every C measured, and why: a speculative step at batch C costs
-so many plain steps (V at that load) for so many times the tokens. The limits are kept in
+time to first token. Every (C, mode) runs `repeats` times (2 by default), the modes
+interleaved anew each time.
+
+Per band the crossover is the largest C up to which `on` beat `off` by more than the noise
+at every C measured, and why: a speculative step at batch C costs so many plain steps (V at
+that load) for so many times the tokens. The noise is measured, not assumed: two standard
+errors of the on/off ratio, from the spread of the repeats' ratios or, where that is
+smaller (two repeats that agree by chance), from the spread of the runs' own steps
+(`_step_noise`). A ratio within the noise is a tie, and a tie keeps speculation off: off
+is speculation-off itself, so a limit set on a tie can never make serve slower than
+`--spec none` at that load, while on might. The limits are kept in
 the target's profile (`batch_limits`, by the band's mean context), where `localspec serve`
 reads its --spec-disable-by-batch-size from, and /health shows them with this reason.
 No memory (serve's earlier replies as drafts): the bench repeats its prompts.
 
-    python -m localspec.bench.serve_bench --concurrency 1,2,4 -n 48
+    python -m localspec.bench.serve_bench --concurrency 1,2,4 -n 48 --repeats 3
 """
 
 from __future__ import annotations
@@ -45,12 +53,15 @@ from localspec.core.config import (
     SpecConfig,
 )
 from localspec.core.tuning import AUTO_DRAFT_MAX
-from localspec.serve.defaults import BatchLimits, crossover_limit
+from localspec.serve.defaults import BatchLimits
+from localspec.serve.metrics import Metrics
 
 MODES = ("off", "on", "rule")
 BANDS = ("short", "long")  # chat-sized prompts; edit tasks (a file in the prompt)
 GREEDY = SamplingConfig(temperature=0.0)
 SERVE_SPEC = SpecConfig(mode="auto", draft_max=AUTO_DRAFT_MAX)  # serve's default without --draft
+REPEATS = 2  # runs of every (C, mode): the spread of their on/off ratios is the noise
+NOISE_Z = 2.0  # speculation must beat off by this many standard errors of the ratio
 
 
 @dataclass
@@ -75,6 +86,9 @@ class Run:
     drafted: int = 0
     accepted: int = 0
     spec_steps: float = 0.0  # share of steps with speculation on
+    repeat: int = 0  # which of the (C, mode)'s repeats
+    # relative standard error of decode_tok_s from its steps' spread (None: < 2 such steps)
+    step_noise: float | None = None
 
     @property
     def acceptance(self) -> float:
@@ -92,6 +106,35 @@ def band_of(w: Any) -> str:
     return "long" if w.is_edit else "short"
 
 
+class _StepLog(Metrics):
+    """serve's metrics, plus every decode-only step's (sequences, seconds, tokens): the
+    spread a run's throughput has within itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decode_steps: list[tuple[int, float, int]] = []
+
+    def decode_step(self, n_seqs: int, speculating: bool, seconds: float, n_new: int) -> None:
+        super().decode_step(n_seqs, speculating, seconds, n_new)
+        self.decode_steps.append((n_seqs, seconds, n_new))
+
+
+def _step_noise(steps: Sequence[tuple[float, int]]) -> float | None:
+    """Relative standard error of a throughput sum(tokens) / sum(seconds) from its steps'
+    spread (the ratio estimator's: residuals n_i - T t_i), treating steps as independent:
+    a speculative step's tokens vary with what it accepted, a plain one's time with the
+    machine. None with fewer than two steps."""
+    if len(steps) < 2:
+        return None
+    seconds = sum(t for t, _ in steps)
+    tokens = sum(n for _, n in steps)
+    if not seconds or not tokens:
+        return None
+    rate = tokens / seconds
+    n = len(steps)
+    return (n / (n - 1) * sum((k - rate * t) ** 2 for t, k in steps)) ** 0.5 / tokens
+
+
 def run_serve_bench(
     *,
     opts: LoadOptions | None = None,
@@ -104,14 +147,16 @@ def run_serve_bench(
     per_tag: int = 1,
     names: Sequence[str] = (),
     bands: Sequence[str] = BANDS,
+    repeats: int = REPEATS,
     store: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure serving throughput per context band and concurrency with speculation off,
-    on and under the rule (serve's default drafting unless `spec`, greedy). Loads its own
-    copy of the target with max(concurrency) sequences. `store`: keep each band's limit in
-    the target's profile (with both off and on measured at two concurrencies or more).
-    Returns a JSON-ready dict: runs, the crossover by band, the limits, rule check."""
+    on and under the rule (serve's default drafting unless `spec`, greedy), `repeats` times
+    each. Loads its own copy of the target with max(concurrency) sequences. `store`: keep
+    each band's limit in the target's profile (with both off and on measured at two
+    concurrencies or more). Returns a JSON-ready dict: runs, the crossover by band, the
+    limits, rule check."""
     from localspec.bench import workloads as wl
     from localspec.core.drafters.auto import Learned
     from localspec.runtime import find_profile, open_runtime
@@ -140,7 +185,7 @@ def run_serve_bench(
         say(f"serve bench: {target.name}, {target.info.n_threads} threads, drafter {spec.mode} "
             f"(k<={spec.draft_max}), -n {n_predict}, "
             + "; ".join(f"{b}: {', '.join(n for n, _ in kept)}" for b, kept in by_band.items())
-            + f"; rule now: {limits.describe()}")
+            + f"; {repeats} repeat{'s' if repeats != 1 else ''}; rule now: {limits.describe()}")
         learned = Learned()  # one server's: what auto learns carries across the runs
         runs: list[Run] = []
         for band, kept in by_band.items():
@@ -150,11 +195,13 @@ def run_serve_bench(
             _measure(target, prompts, min(len(prompts), max_c), "on", spec, limits, min(8, n_predict),
                      learned, band)
             for i, c in enumerate(concurrency):
-                order = list(modes) if i % 2 == 0 else list(reversed(modes))
-                for mode in order:
-                    run = _measure(target, prompts, c, mode, spec, limits, n_predict, learned, band)
-                    runs.append(run)
-                    say(_run_line(run))
+                for rep in range(repeats):
+                    order = list(modes) if (i + rep) % 2 == 0 else list(reversed(modes))
+                    for mode in order:
+                        run = _measure(target, prompts, c, mode, spec, limits, n_predict, learned, band)
+                        run.repeat = rep
+                        runs.append(run)
+                        say(_run_line(run))
         names = [n for kept in by_band.values() for n, _ in kept]
         out = _summary(runs, target, limits, n_predict, names, spec)
         out["stored"] = _store(target, out, concurrency) if store else None
@@ -174,7 +221,7 @@ def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: Spe
     cfg = SchedulerConfig(n_slots=c, queue_size=n_req, spec=spec,
                           spec_disable_by_batch_size={"off": 0, "on": -1}.get(mode),
                           spec_limits=limits if mode == "rule" else None)
-    sched = Scheduler(target, cfg)
+    sched = Scheduler(target, cfg, metrics=_StepLog())
     if learned is not None:
         sched.learned = learned
     events: queue.Queue = queue.Queue()
@@ -232,32 +279,72 @@ def _rates(run: Run, m: Any, latencies: list[float], ttfts: list[float]) -> None
     run.decode_steps = steps
     if steps:
         run.decode_step_ms, run.decode_step_tokens = 1e3 * seconds / steps, tokens / steps
+    if isinstance(m, _StepLog):
+        run.step_noise = _step_noise([(t, n) for b, t, n in m.decode_steps if b == run.concurrency])
 
 
-def band_crossover(runs: list[Run]) -> dict[str, Any]:
+def _mean(runs: Sequence[Any], key: str) -> float | None:
+    """The mean of a field over runs (Run or its dict), None where no run has it."""
+    vals = [v for r in runs if (v := (r.get(key) if isinstance(r, dict) else getattr(r, key))) is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def ratio_noise(ratios: Sequence[float], step_noise: Sequence[float | None] = (), z: float = NOISE_Z) -> float:
+    """The margin on/off must clear: z standard errors of the median ratio, the larger of
+    what the repeats' ratios say (their spread / sqrt(R)) and what the runs' own steps say
+    (`step_noise`: each pair's relative standard error of on/off, pooled over the R pairs).
+    Two repeats that agree by chance do not make the margin vanish; one run with no steps
+    at batch C has none (0)."""
+    r = len(ratios)
+    between = statistics.stdev(ratios) / r ** 0.5 if r >= 2 else 0.0
+    known = [x for x in step_noise if x is not None]
+    within = (statistics.fmean(x * x for x in known) / r) ** 0.5 * statistics.median(ratios) if known else 0.0
+    return z * max(between, within)
+
+
+def band_crossover(runs: list[Run], z: float = NOISE_Z) -> dict[str, Any]:
     """One band's crossover: per C, on against off (decode throughput at batch C where
-    both have such steps, else end to end) and why (a speculative step's time and tokens
-    against a plain one's); `limit`, the largest C up to which on paid at every C (0:
-    not even alone), as the serve rule's --spec-disable-by-batch-size."""
-    by = {(r.concurrency, r.mode): r for r in runs}
+    both have such steps, else end to end; the median of the repeats' ratios, each
+    repeat's on against its off) with its noise (`ratio_noise`), and why (a speculative
+    step's time and tokens against a plain one's). Speculation pays at C where on/off - 1
+    exceeds the noise; a tie (within it) counts as not paying, since off is never below
+    speculation-off. `limit`: the largest C up to which it paid at every C (0: not even
+    alone), as the serve rule's --spec-disable-by-batch-size."""
     rows = []
     for c in sorted({r.concurrency for r in runs}):
-        on, off = by.get((c, "on")), by.get((c, "off"))
-        if on is None or off is None:
+        ons = {r.repeat: r for r in runs if r.concurrency == c and r.mode == "on"}
+        offs = {r.repeat: r for r in runs if r.concurrency == c and r.mode == "off"}
+        pairs = [(ons[i], offs[i]) for i in sorted(ons) if i in offs]
+        if not pairs:
             continue
-        key = "decode_tok_s" if on.decode_tok_s and off.decode_tok_s else "tok_s"
-        v_on, v_off = getattr(on, key), getattr(off, key)
-        step = (on.decode_step_ms / off.decode_step_ms
-                if key == "decode_tok_s" and on.decode_step_ms and off.decode_step_ms else None)
-        toks = (on.decode_step_tokens / off.decode_step_tokens
-                if key == "decode_tok_s" and on.decode_step_tokens and off.decode_step_tokens else None)
-        rows.append({"concurrency": c, "metric": key, "off_per_slot": v_off / c, "on_per_slot": v_on / c,
-                     "on_over_off": v_on / v_off if v_off else None, "step_cost": step, "step_tokens": toks,
-                     "acceptance": on.acceptance, "drafted": on.drafted})
-    # crossover_limit's rule with e = 1: it pays while on/off >= 1 (a plain "cost" of on/off, 1 speculative)
-    limit = crossover_limit([(x["concurrency"], x["on_over_off"] or 0.0, 1.0) for x in rows], 1.0) if rows else None
+        key = "decode_tok_s" if all(on.decode_tok_s and off.decode_tok_s for on, off in pairs) else "tok_s"
+        pairs = [(on, off) for on, off in pairs if getattr(off, key)]
+        if not pairs:
+            continue
+        ratios = [getattr(on, key) / getattr(off, key) for on, off in pairs]
+        steps = [(on.step_noise ** 2 + off.step_noise ** 2) ** 0.5
+                 if key == "decode_tok_s" and on.step_noise is not None and off.step_noise is not None else None
+                 for on, off in pairs]
+        ratio, noise = statistics.median(ratios), ratio_noise(ratios, steps, z)
+        on_runs, off_runs = [on for on, _ in pairs], [off for _, off in pairs]
+        on_ms, off_ms = _mean(on_runs, "decode_step_ms"), _mean(off_runs, "decode_step_ms")
+        on_tk, off_tk = _mean(on_runs, "decode_step_tokens"), _mean(off_runs, "decode_step_tokens")
+        decode = key == "decode_tok_s"
+        rows.append({"concurrency": c, "metric": key, "off_per_slot": _mean(off_runs, key) / c,
+                     "on_per_slot": _mean(on_runs, key) / c, "on_over_off": ratio, "ratios": ratios,
+                     "noise": noise, "repeats": len(pairs), "pays": ratio - 1.0 > noise,
+                     "step_cost": on_ms / off_ms if decode and on_ms and off_ms else None,
+                     "step_tokens": on_tk / off_tk if decode and on_tk and off_tk else None,
+                     "acceptance": (sum(r.accepted for r in on_runs) / d
+                                    if (d := sum(r.drafted for r in on_runs)) else 0.0),
+                     "drafted": sum(r.drafted for r in on_runs)})
+    limit = 0
+    for x in rows:  # the end of the first run of concurrencies where it paid
+        if not x["pays"]:
+            break
+        limit = x["concurrency"]
     context = round(statistics.fmean(r.context for r in runs)) if runs else 0
-    return {"context": context, "limit": limit, "by_concurrency": rows}
+    return {"context": context, "limit": limit if rows else None, "noise_z": z, "by_concurrency": rows}
 
 
 def _summary(runs: list[Run], target: Any, limits: BatchLimits, n_predict: int,
@@ -266,13 +353,13 @@ def _summary(runs: list[Run], target: Any, limits: BatchLimits, n_predict: int,
     crossover = {b: band_crossover([r for r in runs if r.band == b]) for b in bands}
     rule_check = []
     for b in bands:
-        by = {(r.concurrency, r.mode): r for r in runs if r.band == b}
-        for c in sorted({c for c, _ in by}):
-            on, off, rule = (by.get((c, m)) for m in MODES)
+        mine = [r for r in runs if r.band == b]
+        for c in sorted({r.concurrency for r in mine}):
+            on, off, rule = (_mean([r for r in mine if r.concurrency == c and r.mode == m], "tok_s")
+                             for m in MODES)
             if on and off and rule:
-                best = max(on.tok_s, off.tok_s)
-                rule_check.append({"band": b, "concurrency": c,
-                                   "rule_over_best": rule.tok_s / best if best else None})
+                best = max(on, off)
+                rule_check.append({"band": b, "concurrency": c, "rule_over_best": rule / best})
     return {
         "target": target.name, "threads": target.info.n_threads, "n_predict": n_predict,
         "workloads": names, "drafter": str(spec.mode), "draft_max": spec.draft_max,
@@ -293,10 +380,12 @@ def limits_line(result: dict[str, Any], when: str | None = None) -> str:
     when = when or time.strftime("%Y-%m-%d", time.gmtime())
     parts = []
     for x in result["crossover"].values():
-        ratios = ", ".join(f"{r['on_over_off']:.2f}x at C={r['concurrency']}"
+        ratios = ", ".join(f"{r['on_over_off']:.2f}x+-{r['noise']:.2f} at C={r['concurrency']}"
                            for r in x["by_concurrency"] if r["on_over_off"] is not None)
         parts.append(f"{x['context']} tokens: on/off {ratios}")
-    return f"bench --serve {when} ({result['drafter']}, k<={result['draft_max']}; {'; '.join(parts)})"
+    reps = max((r["repeats"] for x in result["crossover"].values() for r in x["by_concurrency"]), default=0)
+    return (f"bench --serve {when} ({result['drafter']}, k<={result['draft_max']}, {reps} repeats, "
+            f"on kept only beyond the noise; {'; '.join(parts)})")
 
 
 def _store(target: Any, result: dict[str, Any], concurrency: Sequence[int]) -> str | None:
@@ -329,27 +418,27 @@ def _f(x: float | None, w: int = 7, p: int = 2) -> str:
 
 
 def format_report(result: dict[str, Any]) -> str:
-    """Plain-text tables of a run_serve_bench result: per band, throughput by mode, then
-    the crossover and why."""
+    """Plain-text tables of a run_serve_bench result: per band, throughput by mode (the
+    mean of the repeats), then the crossover and why."""
     lines = [(f"serve bench: {result['target']}, {result['threads']} threads, -n {result['n_predict']}, "
               f"drafter {result['drafter']} (k<={result['draft_max']}), rule now: {result['rule']}")]
     for band, x in result["crossover"].items():
         runs = [r for r in result["runs"] if r["band"] == band]
-        by = {(r["concurrency"], r["mode"]): r for r in runs}
         lines += [f"{band} prompts, ~{x['context']} tokens of context a sequence:",
                   f"    | {'end-to-end tok/s':<20} | {'decode tok/s a slot':<20} | {'step ms':<13}"
                   f" | {'tokens/step':<13} |",
                   f"  C | {'off':>6} {'on':>6} {'rule':>6} | {'off':>8} {'on':>8}    | {'off':>6} {'on':>6}"
-                  f" | {'off':>5} {'on':>5}   | on/off  acc"]
+                  f" | {'off':>5} {'on':>5}   | on/off  noise  acc"]
         for c in sorted({r["concurrency"] for r in runs}):
-            row = [by.get((c, m), {}) for m in MODES]
-            e2e = " ".join(_f(r.get("tok_s"), 6) for r in row)
-            dec = " ".join(_f(r.get("decode_tok_s") and r["decode_tok_s"] / c, 8) for r in row[:2])
-            step = " ".join(_f(r.get("decode_step_ms"), 6, 1) for r in row[:2])
-            toks = " ".join(_f(r.get("decode_step_tokens"), 5) for r in row[:2])
-            ratio = next((y["on_over_off"] for y in x["by_concurrency"] if y["concurrency"] == c), None)
-            acc = row[1].get("acceptance")
-            lines.append(f"{c:3d} | {e2e} | {dec}    | {step} | {toks}   | {_f(ratio, 5)}x"
+            row = [[r for r in runs if r["concurrency"] == c and r["mode"] == m] for m in MODES]
+            e2e = " ".join(_f(_mean(rs, "tok_s"), 6) for rs in row)
+            dec = " ".join(_f((v := _mean(rs, "decode_tok_s")) and v / c, 8) for rs in row[:2])
+            step = " ".join(_f(_mean(rs, "decode_step_ms"), 6, 1) for rs in row[:2])
+            toks = " ".join(_f(_mean(rs, "decode_step_tokens"), 5) for rs in row[:2])
+            y = next((y for y in x["by_concurrency"] if y["concurrency"] == c), None)
+            ratio = f"{_f(y['on_over_off'], 5)}x  +-{y['noise']:4.2f}" if y else f"{_f(None, 5)}         "
+            acc = y["acceptance"] if y else None
+            lines.append(f"{c:3d} | {e2e} | {dec}    | {step} | {toks}   | {ratio}"
                          + (f" {acc:4.0%}" if acc is not None else ""))
         lines.append(_crossover_line(x))
     checks = ", ".join(f"{x['band']} C={x['concurrency']}: {x['rule_over_best']:.2f}" for x in result["rule_check"]
@@ -364,26 +453,36 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 def _crossover_line(x: dict[str, Any]) -> str:
-    """A band's crossover and why: at the first C where speculating lost (and the last
-    where it paid), what a speculative step cost against a plain one for what tokens."""
+    """A band's crossover and why: at the first C where speculating did not beat off by
+    more than the noise (and the last where it did), what a speculative step cost against
+    a plain one for what tokens, the ratio and its noise, and a tie's verdict."""
     rows = x["by_concurrency"]
     if not rows:
         return "  crossover: not measured (needs both on and off)"
     lim = x["limit"]
+    z = x.get("noise_z", NOISE_Z)
 
     def why(r: dict) -> str:
-        ratio = f"{r['on_over_off']:.2f}x"
+        n = r.get("repeats", 1)
+        ratio = (f"{r['on_over_off']:.2f}x +-{r['noise']:.2f} ({z:g} standard errors, {n} repeat"
+                 f"{'s' if n != 1 else ''})")
+        if r["on_over_off"] - 1.0 > r["noise"]:
+            verdict = "beats off by more than the noise"
+        elif r["on_over_off"] > 1.0 - r["noise"]:
+            verdict = "within the noise: a tie, kept off (off is never below speculation-off; on may be)"
+        else:
+            verdict = "loses to off"
         if r["step_cost"] is None or r["step_tokens"] is None:
-            return f"C={r['concurrency']}: on/off {ratio} (end to end)"
+            return f"C={r['concurrency']}: on/off {ratio} (end to end): {verdict}"
         return (f"C={r['concurrency']}: a speculative step cost {r['step_cost']:.2f} plain steps "
-                f"(V at that load) for {r['step_tokens']:.2f}x the tokens: {ratio}")
+                f"(V at that load) for {r['step_tokens']:.2f}x the tokens: {ratio}: {verdict}")
 
     lost = next((r for r in rows if r["concurrency"] > lim), None)
     paid = [r for r in rows if r["concurrency"] <= lim]
     if lost is None:
-        head = f"speculation paid at every C measured (up to {lim}): off above {lim} active"
+        head = f"speculation beat off beyond the noise at every C measured (up to {lim}): off above {lim} active"
     elif lim == 0:
-        head = "speculation did not pay even alone: off above 0 active"
+        head = "speculation did not beat off beyond the noise even alone: off above 0 active"
     else:
         head = f"off above {lim} active"
     reasons = [why(r) for r in ([paid[-1]] if paid else []) + ([lost] if lost else [])]
@@ -391,7 +490,8 @@ def _crossover_line(x: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-    """Throughput and latency against concurrency, one line per band and mode (needs matplotlib)."""
+    """Throughput and latency against concurrency (the mean of the repeats), one line per
+    band and mode (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -400,13 +500,13 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for band in dict.fromkeys(r["band"] for r in result["runs"]):
         for mode in MODES:
-            rs = sorted((r for r in result["runs"] if r["mode"] == mode and r["band"] == band),
-                        key=lambda r: r["concurrency"])
+            rs = [r for r in result["runs"] if r["mode"] == mode and r["band"] == band]
             if not rs:
                 continue
-            cs = [r["concurrency"] for r in rs]
-            ax1.plot(cs, [r["tok_s"] for r in rs], marker="o", label=f"{band} {mode}")
-            ax2.plot(cs, [r["latency_mean_s"] for r in rs], marker="o", label=f"{band} {mode}")
+            cs = sorted({r["concurrency"] for r in rs})
+            at = [[r for r in rs if r["concurrency"] == c] for c in cs]
+            ax1.plot(cs, [_mean(x, "tok_s") for x in at], marker="o", label=f"{band} {mode}")
+            ax2.plot(cs, [_mean(x, "latency_mean_s") for x in at], marker="o", label=f"{band} {mode}")
     for ax, label in ((ax1, "total tok/s"), (ax2, "mean latency (s)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")
@@ -438,12 +538,14 @@ def plot(result: dict[str, Any], path: str) -> None:
 @click.option("--bands", default="short,long", show_default=True,
               help="context bands: short (code, json, prose prompts), long (edit tasks)")
 @click.option("--modes", default="off,on,rule", show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=REPEATS, show_default=True,
+              help="runs of every (C, mode); their spread is the noise on/off must clear")
 @click.option("--no-store", is_flag=True, help="do not keep the limits in the profile")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON on stdout")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png")
 def main(model: str | None, n_threads: int | None, n_gpu_layers: int, concurrency: str, n_predict: int,
          threshold: int | None, mode: str, draft_max: int | None, tags: str, per_tag: int, names: str,
-         bands: str, modes: str, no_store: bool, as_json: bool, plot_path: str | None) -> None:
+         bands: str, modes: str, repeats: int, no_store: bool, as_json: bool, plot_path: str | None) -> None:
     """Serving throughput by context band and concurrency: speculation off, on, and the rule;
     the crossover kept in the profile for `localspec serve`."""
     if plot_path:
@@ -464,7 +566,7 @@ def main(model: str | None, n_threads: int | None, n_gpu_layers: int, concurrenc
                              names=[n.strip() for n in names.split(",") if n.strip()],
                              bands=[b.strip() for b in bands.split(",") if b.strip() in BANDS],
                              modes=[m.strip() for m in modes.split(",") if m.strip() in MODES],
-                             store=not no_store, progress=lambda line: click.echo(line, err=True))
+                             repeats=repeats, store=not no_store, progress=lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
