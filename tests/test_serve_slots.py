@@ -99,7 +99,7 @@ class Run:
 def _scheduler(model: Model, **cfg) -> Scheduler:
     for s in range(SLOTS):
         model.rewind(0, force=True, seq=s)
-    sched = Scheduler(model, SchedulerConfig(n_slots=SLOTS, spec=SpecConfig(mode="none"), **cfg))
+    sched = Scheduler(model, SchedulerConfig(**{"n_slots": SLOTS, "spec": SpecConfig(mode="none"), **cfg}))
     sched.start()
     return sched
 
@@ -194,3 +194,60 @@ def _feed(whole: bool) -> _Loop:
 def test_a_whole_reply_wakes_the_event_loop_once_a_stream_per_event():
     assert _feed(whole=True).calls == 1
     assert _feed(whole=False).calls == 6
+
+
+# ----- the prompt cache (--cache-ram) ------------------------------------------------------
+
+
+def _one_slot_runs(model: Model, prompts: list[list[int]], **cfg) -> tuple[list[Run], Scheduler]:
+    """Each prompt in turn on a one-slot scheduler: every request takes the slot the last one had."""
+    sched = _scheduler(model, n_slots=1, **cfg)
+    runs_ = []
+    try:
+        for p in prompts:
+            r = Run(p, 12)
+            sched.submit(r.job)
+            r.wait()
+            runs_.append(r)
+    finally:
+        sched.stop()
+    return runs_, sched
+
+
+def test_a_prompt_whose_slot_was_taken_is_restored_from_the_prompt_cache(model):
+    first, other, _ = _prompts(model)
+    runs_, sched = _one_slot_runs(model, [first, other, first])
+    again = runs_[2].result.stats
+    # `other` shares nothing with `first`: the slot's cells were saved before it took them
+    assert again.restored_tokens == len(first) - 1  # the last token is decoded again
+    assert again.prefill_tokens == 1
+    assert sched.metrics.prompt_restores == 1
+    assert sched.prompt_cache.snapshot()["saves"] >= 1
+    assert "".join(runs_[2].text) == "".join(runs_[0].text)  # the reply a fresh prefill gives
+    # without the cache the prompt is prefilled again
+    off, sched = _one_slot_runs(model, [first, other, first], prompt_cache_bytes=0)
+    assert off[2].result.stats.restored_tokens == 0 and sched.prompt_cache is None
+    assert "".join(off[2].text) == "".join(runs_[2].text)
+
+
+def test_the_prompt_cache_keeps_what_fits_newest_first_and_a_slot_held_elsewhere_once(model):
+    from localspec.serve.prompt_cache import PromptCache
+
+    first, other, second = _prompts(model)
+    for s in range(2):
+        model.rewind(0, force=True, seq=s)
+    model.decode(first, seq=0)
+    model.decode(other, seq=1)
+    cache = PromptCache(len(model.state_bytes(0)) + len(model.state_bytes(1)) - 1)
+    model.rewind(0, force=True, seq=1)
+    assert not cache.keep(model, 0, len(first) // 2 + 1)  # the request keeps most of it: not saved
+    assert cache.keep(model, 0, 0)
+    assert not cache.keep(model, 0, 0)  # held already
+    model.rewind(0, force=True, seq=0)
+    model.decode(other, seq=0)
+    assert cache.keep(model, 0, 0)
+    assert len(cache.entries) == 1  # both do not fit: the older went
+    assert cache.find(second, 0) is None  # `first` (which shares second's start) is gone
+    entry = cache.find(other + [13], 0)
+    assert cache.restore(model, 1, entry, other + [13]) == len(other)
+    assert model.seq_tokens(1) == other and model.kv_len(1) == len(other)

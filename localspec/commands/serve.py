@@ -26,6 +26,7 @@ from localspec.commands.options import (
 from localspec.core.chat_template import refuse_hostile
 from localspec.core.config import SpecConfig, SpecMode
 from localspec.core.errors import UsageError
+from localspec.core.tuning import PROMPT_CACHE_MIB
 from localspec.serve.connections import (
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
@@ -101,6 +102,10 @@ log = logging.getLogger("localspec.serve")
                    "cached runs of at least N tokens the prompt repeats further on, moved by KV shifting "
                    "(llama-server's --cache-reuse; approximate: greedy output may then differ from a "
                    "fresh prefill) [default: 0, off]")
+@click.option("-cram", "--cache-ram", "cache_ram", type=click.IntRange(min=-1), default=PROMPT_CACHE_MIB, metavar="MiB",
+              show_default=True,
+              help="keep the KV cells of slots given to other requests, up to this many MiB, so a prompt "
+                   "seen before prefills only what is new (llama-server's prompt cache; -1: no limit, 0: off)")
 @click.option("--no-log", is_flag=True, help="do not write requests to the acceptance log")
 @click.option("--no-memory", is_flag=True,
               help="do not draft from earlier replies (by default one memory per API key, kept "
@@ -113,7 +118,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
           spec_disable: int | None, api_key: str | None, max_tokens: int, max_tokens_limit: int,
           max_body_bytes: int, max_messages: int, prefill_chunk: int, alias: str | None,
           shutdown_timeout: float, header_timeout: float, timeout: float, max_connections: int,
-          allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...], cache_reuse: int, no_log: bool,
+          allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...], cache_reuse: int, cache_ram: int, no_log: bool,
           no_memory: bool, lookup: tuple[str, ...],
           **kw) -> None:
     """OpenAI-compatible server: /v1/chat/completions, /v1/completions, /v1/models,
@@ -164,7 +169,8 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
         limits = spec_threshold(spec_disable, profile, c or 0.0)
         cfg = SchedulerConfig(n_slots=parallel, queue_size=4 * parallel if queue_size is None else queue_size,
                               spec=spec, spec_limits=limits, prefill_chunk=prefill_chunk,
-                              cache_reuse=cache_reuse)
+                              cache_reuse=cache_reuse,
+                              prompt_cache_bytes=None if cache_ram < 0 else cache_ram << 20)
         scheduler = Scheduler(target, cfg, draft=draft)
         corpus = _lookup_index(target, lookup) if lookup else None
         settings = ServeSettings(

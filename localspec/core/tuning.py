@@ -18,6 +18,7 @@ ALL_LAYERS = 999  # -ngl for "every layer": llama.cpp's idiom, more than any mod
 
 # --- the server -----------------------------------------------------------------------
 PREFILL_RESERVE = 64  # batch tokens a step keeps for prompts being prefilled beside drafts
+PROMPT_CACHE_MIB = 8192  # serve --cache-ram: llama-server's default size of its prompt cache
 SLOT_COPY_MIN = 32  # prompt tokens another slot must hold beyond the chosen slot's for its
 # cells to be copied over: a copy moves the slot's whole KV stream, ~2.5 prefill tokens'
 # time for SmolLM2-135M on 2 EPYC cores (less for larger models), so 32 leaves a margin

@@ -44,6 +44,8 @@ class Metrics:
         self.prefill_tokens = 0
         self.slot_copies = 0  # prompt starts copied from another slot's cells (serve/slots.py)
         self.copied_tokens = 0
+        self.prompt_restores = 0  # prompt starts loaded from the prompt cache (serve/prompt_cache.py)
+        self.restored_tokens = 0
         self.spec_toggles = 0
         self.request_seconds = 0.0
         self.ttft_seconds = 0.0
@@ -139,6 +141,12 @@ class Metrics:
         with self._lock:
             self.slot_copies += 1
             self.copied_tokens += n_tokens
+
+    def prompt_restored(self, n_tokens: int) -> None:
+        """A request's first n_tokens prompt tokens were loaded from the prompt cache."""
+        with self._lock:
+            self.prompt_restores += 1
+            self.restored_tokens += n_tokens
 
     def toggled(self) -> None:
         with self._lock:
@@ -245,6 +253,8 @@ COUNTERS = (
     ("prefill_tokens_total", "prefill_tokens", "Prompt tokens decoded."),
     ("slot_copies_total", "slot_copies", "Prompt starts copied from another slot's KV cells."),
     ("copied_prompt_tokens_total", "copied_tokens", "Prompt tokens copied so (not prefilled)."),
+    ("prompt_cache_restores_total", "prompt_restores", "Prompt starts loaded from the prompt cache (--cache-ram)."),
+    ("prompt_cache_restored_tokens_total", "restored_tokens", "Prompt tokens loaded so (not prefilled)."),
     ("speculation_toggles_total", "spec_toggles", "Times the batch-size rule switched speculation."),
     ("request_seconds_total", "request_seconds", "Admission to end, summed over finished requests."),
     ("time_to_first_token_seconds_total", "ttft_seconds", "Admission to first token, summed."),

@@ -41,14 +41,15 @@ from localspec.core.drafters.base import Drafter
 from localspec.core.drafters.draft_model import DraftBatch, DraftPhase
 from localspec.core.engine import Round, Token
 from localspec.core.events import StopReason
-from localspec.core.tuning import PREFILL_RESERVE, SLOT_COPY_MIN
+from localspec.core.tuning import PREFILL_RESERVE, PROMPT_CACHE_MIB, SLOT_COPY_MIN
 from localspec.profile import Profile
 from localspec.runtime import make_drafter
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
 from localspec.serve.metrics import Metrics
+from localspec.serve.prompt_cache import PromptCache
 from localspec.serve.defaults import BatchLimits
 from localspec.serve.sequence import SeqState
-from localspec.serve.slots import place
+from localspec.serve.slots import Placement, place
 
 log = logging.getLogger("localspec.serve")
 
@@ -64,6 +65,9 @@ class SchedulerConfig:
     prefill_chunk: int = 256
     cache_reuse: int = 0  # --cache-reuse N: move cached runs of >= N tokens (KV shifting); 0: off
     slot_copy: bool = True  # copy a prompt's start from another slot that holds more of it
+    # --cache-ram: bytes of overwritten slots' KV states kept to restore prompts from
+    # (serve/prompt_cache.py); None: no limit, 0: off
+    prompt_cache_bytes: int | None = PROMPT_CACHE_MIB << 20
     # auto's verify costs taken as given (a profile's curve), never timed: None, timed and
     # learned across requests. Tests whose drafting must not hang on the machine's load
     auto_costs: Profile | None = None
@@ -118,6 +122,8 @@ class Scheduler:
         # auto's verify costs and copy acceptance, learned over every request: a keystroke's
         # completion is too short to learn them anew
         self.learned = Learned()
+        limit = cfg.prompt_cache_bytes
+        self.prompt_cache = PromptCache(limit) if limit is None or limit > 0 else None
         self.queue: deque[Job] = deque()
         self.active: list[_Active] = []
         self.free = list(range(cfg.n_slots))  # sequence ids
@@ -192,7 +198,8 @@ class Scheduler:
                 "spec_disable_by_batch_size": -1 if limit is None or limit < 0 else limit,
                 "spec_limits": limits.to_dict() if limits is not None else
                 {"source": "set", "bands": [{"context": 0, "limit": -1 if limit is None or limit < 0 else limit}]},
-                "alive": self.alive, "draining": self.draining, "kv_tokens": list(self.kv_tokens)}
+                "alive": self.alive, "draining": self.draining, "kv_tokens": list(self.kv_tokens),
+                "prompt_cache": self.prompt_cache.snapshot() if self.prompt_cache is not None else None}
 
     def slots(self) -> list[dict]:
         """Each slot as llama-server's GET /slots shows it (read without stopping the loop):
@@ -252,7 +259,7 @@ class Scheduler:
             job.slot = seq
             job.task = next(self._tasks)
             try:
-                if where.source is not None:
+                if not self._restore(job, where) and where.source is not None:
                     self.target.copy_seq(where.source, seq)
                     self.metrics.slot_copied(where.held)
                 if self.cfg.cache_reuse > 0:  # the rest of the prompt may be further on in the slot
@@ -267,6 +274,27 @@ class Scheduler:
                 job.emit(Failed(f"could not start the request: {exc}"))
                 continue
             self.active.append(_Active(job, state))
+
+    def _restore(self, job: Job, where: Placement) -> bool:
+        """The prompt cache's part in placing `job`: the slot's own cells saved when the
+        request is to lose most of them, and an entry holding more of the prompt than the
+        placement gives (the slot's cells or the copy planned) loaded into the slot.
+        Returns whether it loaded one (the planned copy is then not made)."""
+        cache = self.prompt_cache
+        if cache is None:
+            return False
+        seq = where.slot
+        entry = cache.find(job.prompt, where.held)
+        own = shared_prefix(self.target.seq_tokens(seq), job.prompt)
+        cache.keep(self.target, seq, 0 if entry is not None or where.source is not None else own)
+        if entry is None:
+            return False
+        n = cache.restore(self.target, seq, entry, job.prompt)
+        if n:
+            self.metrics.prompt_restored(n)
+            return True
+        # refused: the slot is empty now; a planned copy still gives what it held
+        return False
 
     def _drafter(self, job: Job, seq: int) -> Drafter:
         if self.drafter_factory is not None:

@@ -418,28 +418,31 @@ class Model(PrefixReuse, Owned):
         _ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
         self.seq_tokens(dst)[:] = self.seq_tokens(src)
 
-    # ----- sequence 0's KV state as bytes (the on-disk prefix cache) --------------
+    # ----- a sequence's KV state as bytes (the on-disk prefix cache, the server's prompt cache) --
 
-    def state_bytes(self) -> bytearray:
-        """Sequence 0's KV cells (the state of `cached`), serialised by llama.cpp."""
-        n = _ll.llama_state_seq_get_size(self._ctx, 0)
+    def state_bytes(self, seq: int = 0) -> bytearray:
+        """Sequence `seq`'s KV cells (the state of its record), serialised by llama.cpp."""
+        n = _ll.llama_state_seq_get_size(self._ctx, seq)
         data = bytearray(n)
-        if n and _ll.llama_state_seq_get_data(self._ctx, _u8(data), n, 0) != n:
+        if n and _ll.llama_state_seq_get_data(self._ctx, _u8(data), n, seq) != n:
             raise BackendError("llama.cpp could not copy the sequence state")
         return data
 
-    def load_state(self, data: bytearray, tokens: Sequence[int]) -> int:
-        """Make sequence 0 hold `tokens` from `data` (state_bytes() of a context that held
-        exactly them). Returns len(tokens), or 0 when llama.cpp refuses the data or it
-        does not cover positions 0..len(tokens)-1: sequence 0 is then empty."""
+    def load_state(self, data: bytearray, tokens: Sequence[int], *, seq: int = 0) -> int:
+        """Make sequence `seq` hold `tokens` from `data` (state_bytes() of a sequence that
+        held exactly them, of this context or another of the same model and cache shape).
+        Returns len(tokens), or 0 when llama.cpp refuses the data or it does not cover
+        positions 0..len(tokens)-1: sequence `seq` is then empty."""
         n = len(data)
-        read = _ll.llama_state_seq_set_data(self._ctx, _u8(data), n, 0) if n else 0
-        lo = _ll.llama_memory_seq_pos_min(self._mem, 0)
-        if read != n or not tokens or (lo, self.kv_len(0)) != (0, len(tokens)):
-            _ll.llama_memory_seq_rm(self._mem, 0, -1, -1)
-            self.cached.clear()
+        _ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        read = _ll.llama_state_seq_set_data(self._ctx, _u8(data), n, seq) if n else 0
+        lo = _ll.llama_memory_seq_pos_min(self._mem, seq)
+        record = self.seq_tokens(seq)
+        if read != n or not tokens or (lo, self.kv_len(seq)) != (0, len(tokens)):
+            _ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            record.clear()
             return 0
-        self.cached[:] = tokens  # in place: `cached` is the list sequence 0 is tracked by
+        record[:] = tokens  # in place: `cached` is the list sequence 0 is tracked by
         return len(tokens)
 
     def close(self) -> None:
