@@ -61,8 +61,23 @@ def _scheduler(cfg: SchedulerConfig) -> Scheduler:
     return Scheduler(target, cfg)
 
 
-def _active(context: int) -> SimpleNamespace:
-    return SimpleNamespace(state=SimpleNamespace(tokens=[1] * context))
+def _active(context: int, prefilling: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(state=SimpleNamespace(tokens=[1] * context, prefilling=prefilling))
+
+
+def test_a_prompt_still_prefilling_is_not_load_for_the_rule():
+    # one slot decodes while another's prompt prefills: the step carries a chunk of it
+    # anyway, so the decoding slot's draft costs little; the limit counts decoding ones
+    sched = _scheduler(SchedulerConfig(n_slots=4, spec=SpecConfig(mode="ngram"), spec_disable_by_batch_size=1))
+    sched.active = [_active(600), _active(600, prefilling=True)]
+    assert sched._speculate() is True
+    sched.active = [_active(600), _active(600)]
+    assert sched._speculate() is False
+    # by band: the decoding sequences' context picks it, not a long prompt being prefilled
+    limits = BatchLimits(((256, 2), (2048, 1)), "measured by tune")
+    sched = _scheduler(SchedulerConfig(n_slots=4, spec=SpecConfig(mode="ngram"), spec_limits=limits))
+    sched.active = [_active(200), _active(200), _active(3000, prefilling=True)]
+    assert sched._limit() == 2 and sched._speculate() is True
 
 
 def test_the_rule_follows_the_active_sequences_context():

@@ -3,8 +3,9 @@
 Each step:
   1. admit queued jobs into free slots (one KV sequence id per slot); drop cancelled ones
   2. speculation rule: on while at most `spec_disable_by_batch_size` sequences are
-     active (vLLM's --speculative-disable-by-batch-size): with a full batch the machine
-     is compute-bound, and a rejected draft token is compute taken from another user
+     decoding (vLLM's --speculative-disable-by-batch-size; one still prefilling does not
+     count: its chunk makes the step large already): with a full batch the machine is
+     compute-bound, and a rejected draft token is compute taken from another user
   3. every decoding sequence plans its round, [id_last] or [id_last, *draft] (the
      engine's Generation.propose and .batch: the same round generate() runs); between
      the two, the drafting phase makes every slot's draft-model draft at once (with
@@ -303,24 +304,31 @@ class Scheduler:
                             seq=seq, batch=self.drafts, memory=job.memory, learned=self.learned,
                             costs=self.cfg.auto_costs)
 
+    def _decoding(self) -> list[_Active]:
+        """The sequences the rule counts: those decoding. A prompt still prefilling is not
+        load the limit was measured on (steps of C decoding sequences); a step that carries
+        its chunk is already a large batch, so a decoding slot's draft adds little to it."""
+        return [a for a in list(self.active) if not a.state.prefilling]
+
     def _limit(self) -> int | None:
-        """The rule's limit now: by the active sequences' mean context when the limits
+        """The rule's limit now: by the decoding sequences' mean context when the limits
         come by context band (a long KV cache moves the crossover)."""
         limits = self.cfg.spec_limits
         if limits is None:
             return self.cfg.spec_disable_by_batch_size
-        active = list(self.active)
-        context = sum(len(a.state.tokens) for a in active) / len(active) if active else 0.0
+        decoding = self._decoding()
+        context = sum(len(a.state.tokens) for a in decoding) / len(decoding) if decoding else 0.0
         return limits.limit(context)
 
     def _speculate(self) -> bool:
         limit = self._limit()
-        on = self.cfg.spec.mode.drafts and (limit is None or limit < 0 or len(self.active) <= limit)
+        n = len(self._decoding())
+        on = self.cfg.spec.mode.drafts and (limit is None or limit < 0 or n <= limit)
         if on != self.speculating:
             self.speculating = on
             self.metrics.toggled()
-            log.info("speculation %s: %d active sequences (spec-disable-by-batch-size %s)",
-                     "on" if on else "off", len(self.active), limit)
+            log.info("speculation %s: %d decoding sequences (spec-disable-by-batch-size %s)",
+                     "on" if on else "off", n, limit)
         return on
 
     def _step(self) -> None:
