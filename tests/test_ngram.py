@@ -376,6 +376,68 @@ def test_a_repeated_insertion_is_learned_and_drafted_through():
     assert draft == out[third + 5 : third + 35]
 
 
+def record_file(lines: int = 6):
+    """A JSON-like list: each source line is [20, 21, name, 22, 40..47, 5, 6] with its
+    own name token; the edit inserts (22, 40, 91) between 5 and 6 on every line (a field
+    added to each object). The inserted tokens 22, 40 also begin the next line's body,
+    and the output's previous line copies on with the wrong name."""
+    src, out = [], []
+    for i in range(lines):
+        body = [20, 21, 1000 + i, 22, *range(40, 48), 5]
+        src += [*body, 6]
+        out += [*body, 22, 40, 91, 6]
+    return src, out
+
+
+def feed(d: NgramDrafter, prompt, out, upto: int) -> None:
+    """The output up to `upto` written one token at a time, with a draft each step (as
+    the replay's oracle asks): the drafter follows the copy through every token."""
+    for n in range(1, upto + 1):
+        d.draft([*prompt, *out[:n]], 8)
+
+
+def test_a_change_begun_again_is_drafted_with_the_source_after_it():
+    """A change made once (not sure yet, so the draft stops before it) and begun again at
+    the same kind of place: the rest of it is drafted, then the source after it (the next
+    line's name), not the earlier output's copy (which goes on with the line after the
+    one it was on)."""
+    src, out = record_file()
+    prompt = [1, 2]
+    d = NgramDrafter(3, 12, extra=src)
+    d.begin(prompt)
+    line = 17  # output tokens per line
+    pos = line + 14  # on line 2, just after the output wrote 22 where the source has 6
+    feed(d, prompt, out, pos)
+    # the rest of the change, the source's next line up to its site (unsure still)
+    assert d.draft([*prompt, *out[:pos]], 20).tokens == out[pos : pos + 16]
+
+
+def test_a_change_begun_again_is_not_ended_where_its_tokens_recur():
+    """The second time a known change is written, its first tokens (22, 40) also occur in
+    the source a few tokens on; that is no end of it: the change is learned a second time
+    (sure), and from then on a draft writes it in and runs into the next line."""
+    src, out = record_file()
+    prompt = [1, 2]
+    d = NgramDrafter(3, 12, extra=src)
+    d.begin(prompt)
+    line = 17
+    pos = 2 * line + 4  # line 3, inside its body
+    feed(d, prompt, out, pos)
+    assert d.draft([*prompt, *out[:pos]], 30).tokens == out[pos : pos + 30]
+
+
+def test_an_insertion_begun_again_is_not_applied_twice():
+    """An insertion rule (nothing of the source replaced) redrafted after the output began
+    it goes on with the source at its place, not with the insertion again."""
+    src, out = insert_file()
+    prompt = [1, 2]
+    d = NgramDrafter(3, 12, extra=src)
+    d.begin(prompt)
+    pos = 22 + 20  # the second site: the output has just written 90 after 5
+    feed(d, prompt, out, pos)
+    assert d.draft([*prompt, *out[:pos]], 12).tokens == out[pos : pos + 12]  # 91, 6, the body
+
+
 def test_a_rule_kept_against_is_dropped():
     """Where the output keeps the source at a rule's place SURE (2) times more often than
     it made the change, drafts copy the source there again."""

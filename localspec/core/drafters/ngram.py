@@ -12,7 +12,12 @@ has replaced that source token SURE times more often than kept it (till then a d
 stops before it). A longer change (tokens inserted, or a few replaced by others) is
 learned the same way where the output goes on with the source after it (`_Rules`: what
 was written in place of what, between which two source tokens). A draft copies past a
-change site seen before into the unchanged stretch behind it. Given the tokens' texts
+change site seen before into the unchanged stretch behind it. Where the output begins a
+change seen at that kind of place before (once is not sure: the draft stopped before
+it), the rest of it and the source after it are drafted, and its end is the known one,
+not where its tokens happen to recur in the source (a field added to each line of a
+JSON list: the copy stays on the source's next line, not on the output's earlier one,
+which goes on with the wrong name). Given the tokens' texts
 (`text`), a draft also stops before a source token that holds a word the output renamed
 elsewhere in another token ("(lo" and "'lo" once " lo" became " low"), until the output
 has kept that token SURE times: a rename reaches every spelling of its word, and a draft
@@ -258,6 +263,9 @@ class NgramDrafter(DrafterBase):
             self.subs.learn(src[f.q], tok)
             f.q += 1
             f.run += 1
+        elif f.pending is None and (r := self.rules.at(src, f.q)) is not None and r.y[:1] == (tok,) \
+                and len(r.y) > 1:  # a change seen here before begins again: follow it as one
+            f.changed, f.q0, f.held = [tok], f.q, f.run
         elif f.pending is None:  # taken for one token in place of one: resume after it
             f.pending, f.held = (src[f.q], tok), f.run
             f.q += 1
@@ -272,6 +280,9 @@ class NgramDrafter(DrafterBase):
         REWRITE_SPAN + 2 output tokens the n-gram lookup has to find the copy again."""
         src, out = f.index.tokens, f.changed
         out.append(tok)
+        r = self.rules.at(src, f.q0)
+        if r is not None and len(out) <= len(r.y) + 1 and tuple(out[: len(r.y)]) == r.y[: len(out)]:
+            return  # a change seen here before, under way: its end is known, not guessed
         for m in range(min(REWRITE_SPAN, len(src) - f.q0 - 2) + 1):
             p = f.q0 + m
             if out[-2] == src[p] and out[-1] == src[p + 1]:
@@ -282,12 +293,11 @@ class NgramDrafter(DrafterBase):
         if len(out) > REWRITE_SPAN + 2:
             self._follow = None
 
-    def _copy(self, src: Sequence[int], p: int, k: int) -> tuple[list[int], int]:
+    def _copy(self, src: Sequence[int], p: int, k: int, ruled: int = -1) -> tuple[list[int], int]:
         """Up to k tokens of `src` from p as the output is expected to write them: the
         learned rules and substitutions applied, up to the first unsure one; and the
         source position the copy reached."""
-        out: list[int] = []
-        ruled = -1  # where a rule was just applied (an insertion stays at its position)
+        out: list[int] = []  # `ruled`: where a rule was just applied (an insertion stays at its position)
         while len(out) < k and p < len(src):
             r = self.rules.at(src, p) if p != ruled else None
             if r is not None:
@@ -318,6 +328,10 @@ class NgramDrafter(DrafterBase):
             tokens, end = self._copy(f.index.tokens, f.q, k)
             tokens = self._looped(f.index, f.q, end, f.run, tokens, k)
             return NgramDraft(tokens=tokens, source=self.name, run_len=f.run)
+        if sub is not None and f is not None and f.changed is not None:
+            redo = self._redo(f, k, found)
+            if redo is not None:
+                return redo
         if found is None:
             return NgramDraft(source=self.name)
         index, start, n, run = found
@@ -330,6 +344,24 @@ class NgramDrafter(DrafterBase):
             end = start + len(tokens)
         tokens = self._looped(index, start, end, run, tokens, k)
         return NgramDraft(tokens=list(tokens), source=self.name, match_len=n, run_len=run)
+
+    def _redo(self, f: _Follow, k: int, found: tuple[_Index, int, int, int] | None) -> NgramDraft | None:
+        """Where the output has begun a change seen at this source position before (a
+        rule, sure or not yet: the draft stopped before it), the rest of that change and
+        the source after it; None where the change written so far is no known one, or
+        where the n-gram match `found` does not go on with that change (it copies
+        something else that matches better)."""
+        src, out = f.index.tokens, f.changed
+        r = self.rules.at(src, f.q0)
+        if r is None or r.dropped or tuple(r.y[: len(out)]) != tuple(out) or len(r.y) <= len(out):
+            return None
+        left = r.y[len(out):]
+        if found is not None:
+            index, start = found[0], found[1]
+            if tuple(index.tokens[start : start + len(left)]) != left:
+                return None
+        rest, _ = self._copy(src, f.q0 + len(r.s), k, ruled=f.q0 + len(r.s))
+        return NgramDraft(tokens=[*r.y[len(out):], *rest][:k], source=self.name, run_len=f.held)
 
     def _looped(self, index: _Index, start: int, end: int, run: int, tokens: Sequence[int],
                 k: int) -> Sequence[int]:
