@@ -23,10 +23,12 @@ from localspec.core.config import LoadOptions
 
 
 def _run(c: int, mode: str, tok_s: float, step_ms: float = 20.0, tokens: float = 1.0, repeat: int = 0,
-         noise: float | None = None) -> Run:
+         noise: float | None = None, drafted: int | None = None) -> Run:
+    if drafted is None:
+        drafted = 10 if mode == "on" else 0
     return Run(c, mode, "short", context=100.0, requests=c, tokens=64, tok_s=tok_s, decode_tok_s=tok_s,
                decode_steps=10, decode_step_ms=step_ms, decode_step_tokens=tokens, repeat=repeat,
-               step_noise=noise)
+               step_noise=noise, drafted=drafted, accepted=drafted // 2)
 
 
 def _pairs(c: int, ratios: list[float], noise: float | None = None) -> list[Run]:
@@ -71,6 +73,18 @@ def test_the_runs_step_spread_is_the_noise_when_the_repeats_agree_by_chance():
     assert row["noise"] == pytest.approx(2 * 1.06 * (2 * 0.04 ** 2 / 2) ** 0.5)  # 0.085
     assert x["limit"] == 0
     assert band_crossover(_pairs(1, [1.06, 1.06], noise=0.01))["limit"] == 1
+
+
+def test_a_gain_with_nothing_drafted_is_drift_not_speculation():
+    # on drafted nothing at C=2 (auto declined): its 5% over off, with repeats that agree,
+    # is the machine between runs; with drafts the same figures would pay
+    runs = _pairs(1, [1.3, 1.3]) + [_run(2, m, 100.0 * x, repeat=i, noise=0.005, drafted=0)
+                                    for i in (0, 1) for m, x in (("off", 1.0), ("on", 1.05))]
+    x = band_crossover(runs)
+    assert x["limit"] == 1 and "nothing drafted" in _crossover_line(x)
+    for r in runs:
+        r.drafted = 10 if r.mode == "on" else 0
+    assert band_crossover(runs)["limit"] == 2
 
 
 def test_an_exact_tie_keeps_speculation_off():

@@ -330,14 +330,15 @@ def band_crossover(runs: list[Run], z: float = NOISE_Z) -> dict[str, Any]:
         on_ms, off_ms = _mean(on_runs, "decode_step_ms"), _mean(off_runs, "decode_step_ms")
         on_tk, off_tk = _mean(on_runs, "decode_step_tokens"), _mean(off_runs, "decode_step_tokens")
         decode = key == "decode_tok_s"
+        drafted = sum(r.drafted for r in on_runs)
         rows.append({"concurrency": c, "metric": key, "off_per_slot": _mean(off_runs, key) / c,
                      "on_per_slot": _mean(on_runs, key) / c, "on_over_off": ratio, "ratios": ratios,
-                     "noise": noise, "repeats": len(pairs), "pays": ratio - 1.0 > noise,
+                     # with nothing drafted, on decoded plainly as off did: a gain is drift
+                     "noise": noise, "repeats": len(pairs), "pays": drafted > 0 and ratio - 1.0 > noise,
                      "step_cost": on_ms / off_ms if decode and on_ms and off_ms else None,
                      "step_tokens": on_tk / off_tk if decode and on_tk and off_tk else None,
-                     "acceptance": (sum(r.accepted for r in on_runs) / d
-                                    if (d := sum(r.drafted for r in on_runs)) else 0.0),
-                     "drafted": sum(r.drafted for r in on_runs)})
+                     "acceptance": sum(r.accepted for r in on_runs) / drafted if drafted else 0.0,
+                     "drafted": drafted})
     limit = 0
     for x in rows:  # the end of the first run of concurrencies where it paid
         if not x["pays"]:
@@ -466,7 +467,9 @@ def _crossover_line(x: dict[str, Any]) -> str:
         n = r.get("repeats", 1)
         ratio = (f"{r['on_over_off']:.2f}x +-{r['noise']:.2f} ({z:g} standard errors, {n} repeat"
                  f"{'s' if n != 1 else ''})")
-        if r["on_over_off"] - 1.0 > r["noise"]:
+        if not r["drafted"]:
+            verdict = "nothing drafted (on decoded plainly): a tie, kept off"
+        elif r["on_over_off"] - 1.0 > r["noise"]:
             verdict = "beats off by more than the noise"
         elif r["on_over_off"] > 1.0 - r["noise"]:
             verdict = "within the noise: a tie, kept off (off is never below speculation-off; on may be)"
