@@ -128,7 +128,7 @@ def test_serve_bench_measures_auto_by_band_and_serve_reads_the_limits(smol_path,
     assert sorted((r["band"], r["concurrency"], r["mode"], r["repeat"]) for r in out["runs"]) == sorted(
         (b, c, m, i) for b in ("short", "long") for c in (1, 2) for m in ("off", "on", "rule") for i in (0, 1))
     rows = [y for x in out["crossover"].values() for y in x["by_concurrency"]]
-    assert all(y["repeats"] == 2 and y["noise"] >= 0 and y["pays"] == (y["on_over_off"] - 1 > y["noise"])
+    assert all(y["repeats"] == 2 and y["noise"] >= 0 and y["pays"] == (y["drafted"] > 0 and y["on_over_off"] - 1 > y["noise"])
                for y in rows)
     assert any(r["step_noise"] for r in out["runs"])  # steps at batch C measured their spread
     assert all(r["tokens"] > 0 and r["tok_s"] > 0 for r in out["runs"])
