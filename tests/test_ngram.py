@@ -438,6 +438,44 @@ def test_an_insertion_begun_again_is_not_applied_twice():
     assert d.draft([*prompt, *out[:pos]], 12).tokens == out[pos : pos + 12]  # 91, 6, the body
 
 
+def closing_file(values, changed):
+    """Lines [20, 21, name, 22, 40..47, value, 5, 6]: each ends in its own value, then 5
+    (a line's closing token); the edit writes 50, 51, 52 in place of 5 on the lines in
+    `changed` (a field added before the closing brace)."""
+    src, out, sites = [], [], []
+    for i, v in enumerate(values):
+        body = [20, 21, 1000 + i, 22, *range(40, 48), v]
+        sites.append(len(out) + len(body))  # the output position of the line's closing
+        src += [*body, 5, 6]
+        out += [*body, *((50, 51, 52) if i in changed else (5,)), 6]
+    return src, out, sites
+
+
+def test_a_change_made_after_another_token_stops_the_draft_there():
+    """Line 1 replaced its closing token after value 300; line 2 closes after 301, so no
+    rule fits it there, but the same closing was replaced elsewhere: the draft stops
+    before it (the target decides) instead of copying the source through it."""
+    src, out, sites = closing_file([300, 301, 301, 301], changed={0, 1, 2, 3})
+    prompt = [1, 2]
+    d = NgramDrafter(3, 12, extra=src)
+    d.begin(prompt)
+    pos = sites[1] - 8  # inside line 2's body
+    feed(d, prompt, out, pos)
+    assert d.draft([*prompt, *out[:pos]], 30).tokens == out[pos : sites[1]]
+
+
+def test_a_place_kept_like_the_changed_one_ends_the_stop():
+    """Where the output keeps such a closing token SURE (2) times, drafts copy through the
+    others again: an edit that changes some lines does not stop every draft."""
+    src, out, sites = closing_file([300, 301, 301, 301, 301], changed={0})
+    prompt = [1, 2]
+    d = NgramDrafter(3, 12, extra=src)
+    d.begin(prompt)
+    pos = sites[3] - 8  # line 4: lines 2 and 3 kept their closing
+    feed(d, prompt, out, pos)
+    assert d.draft([*prompt, *out[:pos]], 30).tokens == out[pos : pos + 30]
+
+
 def test_a_rule_kept_against_is_dropped():
     """Where the output keeps the source at a rule's place SURE (2) times more often than
     it made the change, drafts copy the source there again."""

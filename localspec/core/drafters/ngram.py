@@ -17,7 +17,9 @@ change seen at that kind of place before (once is not sure: the draft stopped be
 it), the rest of it and the source after it are drafted, and its end is the known one,
 not where its tokens happen to recur in the source (a field added to each line of a
 JSON list: the copy stays on the source's next line, not on the output's earlier one,
-which goes on with the wrong name). Given the tokens' texts
+which goes on with the wrong name). A replacement made after one source token also
+stops a draft where the same tokens come after another (a line's `"},` after another
+value), until the output has kept such a place SURE times. Given the tokens' texts
 (`text`), a draft also stops before a source token that holds a word the output renamed
 elsewhere in another token ("(lo" and "'lo" once " lo" became " low"), until the output
 has kept that token SURE times: a rename reaches every spelling of its word, and a draft
@@ -150,10 +152,11 @@ class _Substitutions:
 class _Rule:
     """Between source token `a` and `b`, the output writes `y` in place of `s`."""
 
-    __slots__ = ("s", "b", "y", "seen", "kept")
+    __slots__ = ("s", "b", "y", "seen", "kept", "kept_like")
 
     def __init__(self, s: tuple[int, ...], b: int, y: tuple[int, ...]) -> None:
         self.s, self.b, self.y, self.seen, self.kept = s, b, y, 1, 0
+        self.kept_like = 0  # where the same tokens came after another token, kept as they were
 
     @property
     def sure(self) -> bool:
@@ -173,6 +176,7 @@ class _Rules:
 
     def __init__(self) -> None:
         self.by_left: dict[int, list[_Rule]] = {}
+        self.by_first: dict[int, list[_Rule]] = {}  # replacements, by the first token replaced
 
     def at(self, src: Sequence[int], p: int) -> _Rule | None:
         """The rule made most often that fits source position p, unless dropped."""
@@ -184,6 +188,22 @@ class _Rules:
                 best = r
         return best
 
+    def like(self, src: Sequence[int], p: int) -> _Rule | None:
+        """A replacement made after another source token that fits at p (the same source
+        tokens, the same one after them): `"},` closing a line that ends in another
+        value. Only until the output kept such a place SURE times: an edit that changes
+        some of the places does not stop every draft at the others."""
+        for r in self.by_first.get(src[p], ()):
+            end = p + len(r.s)
+            if r.kept_like < SURE and not r.dropped and end < len(src) and src[end] == r.b \
+                    and tuple(src[p:end]) == r.s:
+                return r
+        return None
+
+    def site(self, src: Sequence[int], p: int) -> _Rule | None:
+        """The rule at p: made after this source token (`at`), else one made after another (`like`)."""
+        return self.at(src, p) or self.like(src, p)
+
     def learn(self, a: int, s: tuple[int, ...], b: int, y: tuple[int, ...]) -> None:
         rules = self.by_left.setdefault(a, [])
         for r in rules:
@@ -191,6 +211,8 @@ class _Rules:
                 r.seen += 1
                 return
         rules.append(_Rule(s, b, y))
+        if s:
+            self.by_first.setdefault(s[0], []).append(rules[-1])
 
 
 class NgramDrafter(DrafterBase):
@@ -254,8 +276,11 @@ class NgramDrafter(DrafterBase):
         if f.q >= len(src):
             self._follow = None
             return
-        if tok == src[f.q] and f.pending is None and (r := self.rules.at(src, f.q)) is not None:
-            r.kept += 1  # a rule's place, where the output kept the source
+        if tok == src[f.q] and f.pending is None:
+            if (r := self.rules.at(src, f.q)) is not None:
+                r.kept += 1  # a rule's place, where the output kept the source
+            elif (r := self.rules.like(src, f.q)) is not None:
+                r.kept_like += 1
         if tok == src[f.q] or tok in self.subs.replaced.get(src[f.q], ()):
             if f.pending is not None:  # the output went on with the source: a substitution,
                 self.subs.learn(*f.pending)  # and the copy goes on: its run with it
@@ -263,7 +288,7 @@ class NgramDrafter(DrafterBase):
             self.subs.learn(src[f.q], tok)
             f.q += 1
             f.run += 1
-        elif f.pending is None and (r := self.rules.at(src, f.q)) is not None and r.y[:1] == (tok,) \
+        elif f.pending is None and (r := self.rules.site(src, f.q)) is not None and r.y[:1] == (tok,) \
                 and len(r.y) > 1:  # a change seen here before begins again: follow it as one
             f.changed, f.q0, f.held = [tok], f.q, f.run
         elif f.pending is None:  # taken for one token in place of one: resume after it
@@ -280,7 +305,7 @@ class NgramDrafter(DrafterBase):
         REWRITE_SPAN + 2 output tokens the n-gram lookup has to find the copy again."""
         src, out = f.index.tokens, f.changed
         out.append(tok)
-        r = self.rules.at(src, f.q0)
+        r = self.rules.site(src, f.q0)
         if r is not None and len(out) <= len(r.y) + 1 and tuple(out[: len(r.y)]) == r.y[: len(out)]:
             return  # a change seen here before, under way: its end is known, not guessed
         for m in range(min(REWRITE_SPAN, len(src) - f.q0 - 2) + 1):
@@ -300,6 +325,8 @@ class NgramDrafter(DrafterBase):
         out: list[int] = []  # `ruled`: where a rule was just applied (an insertion stays at its position)
         while len(out) < k and p < len(src):
             r = self.rules.at(src, p) if p != ruled else None
+            if r is None and p != ruled and self.rules.like(src, p) is not None:
+                break  # changed after another token: the target decides
             if r is not None:
                 if not r.sure:
                     break
@@ -352,7 +379,7 @@ class NgramDrafter(DrafterBase):
         where the n-gram match `found` does not go on with that change (it copies
         something else that matches better)."""
         src, out = f.index.tokens, f.changed
-        r = self.rules.at(src, f.q0)
+        r = self.rules.site(src, f.q0)
         if r is None or r.dropped or tuple(r.y[: len(out)]) != tuple(out) or len(r.y) <= len(out):
             return None
         left = r.y[len(out):]
