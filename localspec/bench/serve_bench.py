@@ -54,7 +54,6 @@ from localspec.core.config import (
 )
 from localspec.core.tuning import AUTO_DRAFT_MAX
 from localspec.serve.defaults import BatchLimits
-from localspec.serve.metrics import Metrics
 
 MODES = ("off", "on", "rule")
 BANDS = ("short", "long")  # chat-sized prompts; edit tasks (a file in the prompt)
@@ -106,17 +105,22 @@ def band_of(w: Any) -> str:
     return "long" if w.is_edit else "short"
 
 
-class _StepLog(Metrics):
+def _step_log():
     """serve's metrics, plus every decode-only step's (sequences, seconds, tokens): the
-    spread a run's throughput has within itself."""
+    spread a run's throughput has within itself. (Made here: serve's metrics import the
+    engine, which `localspec bench --help` must not need.)"""
+    from localspec.serve.metrics import Metrics
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.decode_steps: list[tuple[int, float, int]] = []
+    class StepLog(Metrics):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decode_steps: list[tuple[int, float, int]] = []
 
-    def decode_step(self, n_seqs: int, speculating: bool, seconds: float, n_new: int) -> None:
-        super().decode_step(n_seqs, speculating, seconds, n_new)
-        self.decode_steps.append((n_seqs, seconds, n_new))
+        def decode_step(self, n_seqs: int, speculating: bool, seconds: float, n_new: int) -> None:
+            super().decode_step(n_seqs, speculating, seconds, n_new)
+            self.decode_steps.append((n_seqs, seconds, n_new))
+
+    return StepLog()
 
 
 def _step_noise(steps: Sequence[tuple[float, int]]) -> float | None:
@@ -221,7 +225,7 @@ def _measure(target: Any, prompts: list[list[int]], c: int, mode: str, spec: Spe
     cfg = SchedulerConfig(n_slots=c, queue_size=n_req, spec=spec,
                           spec_disable_by_batch_size={"off": 0, "on": -1}.get(mode),
                           spec_limits=limits if mode == "rule" else None)
-    sched = Scheduler(target, cfg, metrics=_StepLog())
+    sched = Scheduler(target, cfg, metrics=_step_log())
     if learned is not None:
         sched.learned = learned
     events: queue.Queue = queue.Queue()
@@ -279,7 +283,7 @@ def _rates(run: Run, m: Any, latencies: list[float], ttfts: list[float]) -> None
     run.decode_steps = steps
     if steps:
         run.decode_step_ms, run.decode_step_tokens = 1e3 * seconds / steps, tokens / steps
-    if isinstance(m, _StepLog):
+    if hasattr(m, "decode_steps"):
         run.step_noise = _step_noise([(t, n) for b, t, n in m.decode_steps if b == run.concurrency])
 
 
