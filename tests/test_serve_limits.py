@@ -42,10 +42,29 @@ def test_an_explicit_limit_wins_then_tune_s_measurement_then_the_curve_then_the_
     assert got.bands == ((256, 3), (2048, 1)) and got.source == "measured by tune"
     # a draft model's decodes were not part of tune's batches: the curve and c decide
     with_draft = spec_threshold(None, measured, c=0.3)
-    assert with_draft.limit() == threshold_from_vcurve(PROFILE.vcurve, c=0.3)
+    assert threshold_from_vcurve(PROFILE.vcurve, c=0.3) == 0 and with_draft.limit() == 1  # alone: auto decides
     assert spec_threshold(None, PROFILE).limit() == threshold_from_vcurve(PROFILE.vcurve)
     assert spec_threshold(None, None).limit() == DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE
     assert "tune" in spec_threshold(None, None).source
+
+
+def test_tune_s_synthetic_figures_never_turn_off_a_sequence_decoding_alone():
+    # tune judges 4-token drafts at 60%: on a steep curve every band comes out 0, which
+    # would keep `serve` from drafting even for one request (an edit accepting 95%)
+    zero = replace(PROFILE, batch_limits={"256": 0, "2048": 0})
+    assert spec_threshold(None, zero).bands == ((256, 1), (2048, 1))
+    assert spec_threshold(None, replace(zero, batch_limits={"256": 3, "2048": -1})).bands == ((256, 3), (2048, -1))
+    # bench --serve timed serve's own drafting: a loss alone is a measurement, kept
+    timed = replace(zero, batch_limits_by="bench --serve (auto, 2 repeats)")
+    assert spec_threshold(None, timed).bands == ((256, 0), (2048, 0))
+    # the limit V(n) implies: a linear curve pays at no batch size, yet alone is auto's call
+    linear = replace(PROFILE, vcurve=[float(n) for n in range(1, 65)])
+    assert threshold_from_vcurve(linear.vcurve) == 0 and spec_threshold(None, linear).limit() == 1
+    sched = _scheduler(SchedulerConfig(n_slots=2, spec=SpecConfig(mode="auto"), spec_limits=spec_threshold(None, zero)))
+    sched.active = [_active(1500)]
+    assert sched._speculate() is True
+    sched.active = [_active(1500), _active(1500)]
+    assert sched._speculate() is False
 
 
 def test_crossover_is_the_end_of_the_first_run_where_speculating_pays():

@@ -115,9 +115,11 @@ def tune(ctx: click.Context, as_json: bool, vcurve_max: int, vcurve_long_max: in
     if profile.draft:
         click.echo(f"draft {profile.draft}: {1000 * profile.draft_t_token_s:.1f} ms/token, c = {profile.c:.2f}")
     if profile.batch_limits:
-        click.echo("serve: speculation off above " + ", ".join(
-            f"{lim} active at {int(ctx):,} tokens of context" for ctx, lim in
-            sorted(profile.batch_limits.items(), key=lambda x: int(x[0]))) + " (measured on batched sequences)")
+        from localspec.bench.calibrate import BATCH_ALPHA, BATCH_K
+        from localspec.serve.defaults import spec_threshold
+
+        click.echo(f"serve: speculation {spec_threshold(None, profile).describe()}, timed on batches of "
+                   f"{BATCH_K}-token drafts at {BATCH_ALPHA:.0%} acceptance (one sequence alone: auto's own call)")
     click.echo("policy that follows (best k at acceptance a):")
     for line in _policy_lines(profile):
         click.echo("  " + line)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 # two or more in the batch (`python -m localspec.bench.serve_bench`;
 # docs/measurements.md); `localspec tune` measures this machine's limits by context band.
 DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE = 1
+ALONE = 1  # the least limit tune's synthetic figures may set (see spec_threshold)
 PER_SLOT_CTX = 4096  # default context for every slot ...
 MAX_DEFAULT_CTX = 32768  # ... up to this much in all (KV memory grows with it)
 MAX_MESSAGES = 2048  # OpenAI's own limit on a chat request's messages
@@ -61,14 +62,25 @@ def spec_threshold(given: int | None, profile: Profile | None, c: float = 0.0) -
     """The rule's limits and where they came from. An explicit value wins (every
     context), then what `tune` or `bench --serve` measured on batches of real sequences
     (per context band; not with a draft model, whose own decodes neither timed), then the limit
-    implied by the profile's V(n) (and the draft's cost ratio `c`), then the default."""
+    implied by the profile's V(n) (and the draft's cost ratio `c`), then the default.
+
+    tune's figures and V(n)'s judge a fixed draft (4 tokens at 60% acceptance); they never
+    turn speculation off for a sequence decoding alone (ALONE): there the drafter's own
+    policy decides round by round (auto times its rounds and drafts only where they pay),
+    and an edit accepting 95% of long drafts would lose what it gains (a tuned profile
+    made `serve` 1.2x slower on edits at one client: every limit tune measured was 0)."""
     if given is not None:
         return BatchLimits(((0, None if given < 0 else given),), "set")
     if profile is not None and profile.batch_limits and not c:
-        bands = tuple(sorted((int(ctx), lim) for ctx, lim in profile.batch_limits.items()))
+        # tune's batches judge synthetic drafts (a fixed acceptance); only a
+        # `bench --serve` run timed serve's own drafting, and may find it loses alone
+        floor = 0 if profile.batch_limits_by else ALONE
+        bands = tuple(sorted((int(ctx), lim if lim is None or lim < 0 else max(floor, lim))
+                             for ctx, lim in profile.batch_limits.items()))
         return BatchLimits(bands, f"measured by {profile.batch_limits_by or 'tune'}")
     if profile is not None and profile.vcurve:
-        return BatchLimits(((0, threshold_from_vcurve(profile.vcurve, c=c)),), "calibration profile V(n)")
+        return BatchLimits(((0, max(ALONE, threshold_from_vcurve(profile.vcurve, c=c))),),
+                           "calibration profile V(n)")
     return BatchLimits(((0, DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE),), "default: no profile (run localspec tune)")
 
 
