@@ -133,3 +133,39 @@ def test_tune_measures_the_limit_on_batches_of_real_sequences(smol_path):
     assert set(limits) == {"32", "128"} and all(0 <= v <= 2 for v in limits.values())
     assert [(d["context"], d["batch"]) for d in detail] == [(32, 1), (32, 2), (128, 1), (128, 2)]
     assert all(d["plain_ms"] > 0 and d["spec_ms"] > 0 for d in detail)
+
+
+class _Offer:
+    """A decoding sequence that proposed `k` tokens its drafter expects `promise` of."""
+
+    def __init__(self, k: int, promise: float | None) -> None:
+        self.draft = SimpleNamespace(tokens=[7] * k)
+        self._promise, self.withdrawn = promise, False
+
+    def promise(self) -> float | None:
+        return self._promise if self.draft.tokens else None
+
+    def withdraw(self) -> None:
+        self.draft, self.withdrawn = SimpleNamespace(tokens=[]), True
+
+
+def _keeps(vcurve: list[float], offers: list[tuple[int, float | None]], n_plain: int) -> list[bool]:
+    from localspec.core.drafters.costs import CostModel
+
+    sched = _scheduler(SchedulerConfig(n_slots=8, spec=SpecConfig(mode="auto")))
+    sched.learned.cost = CostModel(replace(PROFILE, vcurve=vcurve), 64, learn=False)
+    active = [SimpleNamespace(state=_Offer(k, p)) for k, p in offers]
+    sched._keep_paying(active, n_plain)
+    return [not a.state.withdrawn for a in active]
+
+
+def test_above_the_limit_a_draft_is_verified_only_where_the_step_pays_for_it():
+    flat = [1.0 + 0.02 * i for i in range(65)]  # a GPU's or an AMX Xeon's curve
+    steep = [float(n) for n in range(1, 66)]  # V(n) = n: a verify costs its tokens
+    # two sequences, one with a long sure copy, one with a doubtful 8-token guess
+    assert _keeps(flat, [(16, 15.0), (8, 1.05)], 2) == [True, False]
+    assert _keeps(steep, [(16, 15.0), (8, 1.05)], 2) == [False, False]
+    # on the flat curve the step pays for every sure copy; no promise: decoded plainly
+    assert _keeps(flat, [(12, 11.0), (12, 10.0), (4, None)], 3) == [True, True, False]
+    # a batch past the curve the cost model knows is not priced: plain
+    assert _keeps(flat, [(64, 60.0)], 4) == [False]

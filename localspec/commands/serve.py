@@ -62,7 +62,8 @@ log = logging.getLogger("localspec.serve")
               help="requests waiting for a slot before 429 [default: 4 x --parallel]")
 @click.option("--spec-disable-by-batch-size", "spec_disable", type=click.IntRange(min=-1), default=None,
               help="speculation off while more than N sequences are active; -1 never "
-                   f"[default: as `localspec tune` measured it by context length, else {DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE}]")
+                   f"[default: as `localspec tune` measured it by context length, else {DEFAULT_SPEC_DISABLE_BY_BATCH_SIZE}; "
+                   "above that default, auto's drafts a step pays for are still verified; a value set here is kept as given]")
 @click.option("--api-key", envvar="LOCALSPEC_API_KEY", default=None,
               help="require 'Authorization: Bearer KEY' (env LOCALSPEC_API_KEY); several keys "
                    "separated by commas, each with its own drafting memory")
@@ -180,7 +181,7 @@ def serve(ctx: click.Context, host: str, port: int, parallel: int, queue_size: i
             lookup=corpus, host=host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
         )
         app = create_app(scheduler, target, settings)
-        rule = limits.describe()
+        rule = limits.describe() + ("; above it, only drafts a step pays for" if scheduler.sure_bets else "")
         click.echo(f"localspec serve: http://{_url_host(host)}:{port}/v1  model {settings.model_id}  "
                    f"{parallel} slots x {target.n_ctx_seq} tokens  spec {spec.mode}, {rule}"
                    + (f"  draft {draft.name}" if draft else ""), err=True)

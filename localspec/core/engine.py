@@ -274,6 +274,21 @@ class Generation:
         self.k, self.draft_s = k, time.perf_counter() - td
         return True
 
+    def promise(self) -> float | None:
+        """What the proposed draft is expected to yield (tokens, its round's own included),
+        as its drafter predicts it; None without a draft or a prediction."""
+        if not self.draft.tokens:
+            return None
+        fn = getattr(self.drafter, "promise", None)
+        return fn() if fn is not None else None
+
+    def withdraw(self) -> None:
+        """Drop the proposed draft before batch(): this round decodes plainly."""
+        self.draft, self.k = Draft(), 0
+        fn = getattr(self.drafter, "withdrawn", None)
+        if fn is not None:
+            fn()
+
     def batch(self, shared_s: float = 0.0) -> list[int]:
         """1b. the batch to verify, [id_last, *draft], once the draft is complete.
         `shared_s`: this draft's share of a drafting phase it was made in together with

@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from localspec.core.backend import Model, shared_prefix
-from localspec.core.config import SamplingConfig, SpecConfig
+from localspec.core.config import SamplingConfig, SpecConfig, SpecMode
 from localspec.core.drafters.auto import Learned
 from localspec.core.drafters.base import Drafter
 from localspec.core.drafters.draft_model import DraftBatch, DraftPhase
 from localspec.core.engine import Round, Token
 from localspec.core.events import StopReason
-from localspec.core.tuning import PREFILL_RESERVE, PROMPT_CACHE_MIB, SLOT_COPY_MIN
+from localspec.core.tuning import BATCH_GAIN, PREFILL_RESERVE, PROMPT_CACHE_MIB, SLOT_COPY_MIN
 from localspec.profile import Profile
 from localspec.runtime import make_drafter
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable
@@ -72,6 +72,8 @@ class SchedulerConfig:
     # auto's verify costs taken as given (a profile's curve), never timed: None, timed and
     # learned across requests. Tests whose drafting must not hang on the machine's load
     auto_costs: Profile | None = None
+    # above the limit, auto's drafts the step still pays for are verified (_keep_paying)
+    sure_bets: bool = True
 
 
 @dataclass
@@ -199,6 +201,8 @@ class Scheduler:
                 "spec_disable_by_batch_size": -1 if limit is None or limit < 0 else limit,
                 "spec_limits": limits.to_dict() if limits is not None else
                 {"source": "set", "bands": [{"context": 0, "limit": -1 if limit is None or limit < 0 else limit}]},
+                # above the limit: auto's drafts verified only where the step pays for them
+                "spec_above_limit": "drafts the step pays for" if self.sure_bets else "off",
                 "alive": self.alive, "draining": self.draining, "kv_tokens": list(self.kv_tokens),
                 "prompt_cache": self.prompt_cache.snapshot() if self.prompt_cache is not None else None}
 
@@ -346,13 +350,18 @@ class Scheduler:
         k_cap = max(0, (n_batch - reserve) // max(1, len(decoding)) - 1)
         entries: list[tuple[int, list[int], int]] = []
         owners: list[_Active] = []
-        proposed = [a for a in decoding if self._guard(a, a.state.propose, k_cap if speculate else 0)]
+        sure = not speculate and self._sure_bets_only()
+        proposed = [a for a in decoding if self._guard(a, a.state.propose, k_cap if speculate or sure else 0)]
+        if sure:
+            self._keep_paying(proposed, len(decoding))
         phase = self._draft_phase()
+        drafted = False
         for a in proposed:  # a slot is charged its share of the shared drafting phase
             toks = self._guard(a, a.state.batch, phase.seconds_of(a.state.seq))
             if toks:
                 entries.append((a.state.seq, toks, len(toks)))
                 owners.append(a)
+                drafted = drafted or len(toks) > 1
         budget = min(self.cfg.prefill_chunk, n_batch - sum(len(e[1]) for e in entries))
         for a in prefilling:
             if budget <= 0:
@@ -362,9 +371,53 @@ class Scheduler:
             owners.append(a)
             budget -= len(entry[1])
         if entries:
-            self._decode(entries, owners, speculate)
+            self._decode(entries, owners, speculate or drafted)
         self._retire()
         self._speculate()  # load may have dropped: /metrics shows the rule's state now
+
+    @property
+    def sure_bets(self) -> bool:
+        """Whether, above the limit, auto's n-gram drafts may still be verified where the
+        step pays for them (_keep_paying): with `auto` and no draft model (its decodes
+        are not priced here), under limits measured or defaulted (`spec_limits`), not set
+        (--spec-disable-by-batch-size, or a bare `spec_disable_by_batch_size`: off above
+        it, as asked)."""
+        limits = self.cfg.spec_limits
+        return (self.cfg.sure_bets and self.cfg.spec.mode is SpecMode.AUTO and self.drafts is None
+                and limits is not None and limits.source != "set")
+
+    def _sure_bets_only(self) -> bool:
+        return self.sure_bets and self.learned.cost is not None  # auto has priced a verify
+
+    def _keep_paying(self, proposed: list[_Active], n_plain: int) -> None:
+        """Of the drafts proposed above the limit, keep those the step pays for: by the
+        tokens each is expected to add (auto's own promise, its accepted prefix) against
+        what it adds to the step's verify time (the learned V(n) of the batch's size; an
+        unsettled size at its worst case), best first, each lifting the step's tokens per
+        time by BATCH_GAIN over what it was without it; the rest decode plainly. A batch
+        of B plain rows costs V(B) for B tokens, so on a steep curve (V(n) ~ n) nothing
+        is kept, on a flat one (a GPU, an AMX Xeon) long sure copies are."""
+        cost = self.learned.cost
+        offers = []
+        for a in proposed:
+            promise = a.state.promise()
+            if promise is None:  # nothing drafted, or no prediction to price it by
+                a.state.withdraw()
+                continue
+            k = len(a.state.draft.tokens)
+            if promise > 1.0 and n_plain + k <= cost.n_max:
+                offers.append(((promise - 1.0) / k, k, promise, a))
+            else:
+                a.state.withdraw()
+        tokens, size = float(n_plain), n_plain
+        rate = tokens / cost.v(size)
+        for _, k, promise, a in sorted(offers, key=lambda o: -o[0]):
+            n = size + k
+            price = cost.v(n) if cost.settled(n) else cost.upper(n)
+            if n <= cost.n_max and (tokens + promise - 1.0) / price >= (1.0 + BATCH_GAIN) * rate:
+                tokens, size, rate = tokens + promise - 1.0, n, (tokens + promise - 1.0) / price
+            else:
+                a.state.withdraw()
 
     def _draft_phase(self) -> DraftPhase:
         """Every slot's draft-model draft this step, in one pass of batched decodes."""

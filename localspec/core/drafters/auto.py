@@ -370,6 +370,12 @@ class AutoDrafter(DrafterBase):
             return best_k([OPTIMISTIC] * max(min(k, MODEL_K_MAX), 1), self.cost, self.cost.c()).k > 0
         return self._model_pays
 
+    def promise(self) -> float | None:
+        return self._last.expected
+
+    def withdrawn(self) -> None:
+        self._last, self._trying = PLAIN, False
+
     def observe(self, n_draft: int, n_accept: int, verify_s: float | None, draft_s: float) -> None:
         plan = self._last
         t1 = self.cost.t1()

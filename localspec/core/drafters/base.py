@@ -79,6 +79,15 @@ class DrafterBase:
     def end(self) -> None:
         pass
 
+    def promise(self) -> float | None:
+        """Tokens the draft just made is expected to yield if verified (its accepted prefix
+        and the target's own token), or None: this drafter does not say."""
+        return None
+
+    def withdrawn(self) -> None:
+        """The draft just made will not be verified (the server's batch could not afford
+        it): the round decodes plainly."""
+
 
 class NoDrafter(DrafterBase):
     """Plain decoding: never proposes anything."""
