@@ -169,3 +169,25 @@ def test_above_the_limit_a_draft_is_verified_only_where_the_step_pays_for_it():
     assert _keeps(flat, [(12, 11.0), (12, 10.0), (4, None)], 3) == [True, True, False]
     # a batch past the curve the cost model knows is not priced: plain
     assert _keeps(flat, [(64, 60.0)], 4) == [False]
+
+
+def _spared(vcurve: list[float], offers: list[tuple[int, float | None]], n_plain: int) -> list[int]:
+    from localspec.core.drafters.costs import CostModel
+
+    sched = _scheduler(SchedulerConfig(n_slots=8, spec=SpecConfig(mode="auto")))
+    sched.learned.cost = CostModel(replace(PROFILE, vcurve=vcurve), 32, learn=False)
+    active = [SimpleNamespace(state=_Offer(k, p)) for k, p in offers]
+    for a in active:
+        a.state.k = len(a.state.draft.tokens)
+    sched._spare_first_tokens(active, n_plain)
+    return [0 if a.state.withdrawn else a.state.k for a in active]
+
+
+def test_drafts_beside_a_prompt_s_last_chunk_leave_its_first_token_little_later():
+    steep = [float(n) for n in range(1, 66)]  # V(n) = n: 6 plain rows, +50% = 3 more tokens
+    assert _spared(steep, [(16, 15.0)], 6) == [3]
+    assert _spared(steep, [(16, 15.0), (8, 1.5)], 6) == [3, 0]  # the surest draft keeps the room
+    flat = [1.0 + 0.01 * i for i in range(65)]  # a GPU: drafts cost the waiting prompt ~nothing
+    assert _spared(flat, [(16, 15.0), (8, 1.5)], 6) == [16, 8]
+    # a 256-token chunk is past the sizes auto timed: linear, a draft of 32 adds 12%
+    assert _spared(steep, [(32, 30.0)], 257) == [32]

@@ -17,6 +17,7 @@ N_BATCH = 512  # most tokens one llama_decode takes (llama.cpp's default -b and 
 ALL_LAYERS = 999  # -ngl for "every layer": llama.cpp's idiom, more than any model has
 
 # --- the server -----------------------------------------------------------------------
+FIRST_TOKEN_SHARE = 0.5  # while a prompt prefills, drafts beside it add at most this to the step's time
 BATCH_GAIN = 0.1  # above serve's limit, a draft must lift its step's tokens per time this much
 PREFILL_RESERVE = 64  # batch tokens a step keeps for prompts being prefilled beside drafts
 PROMPT_CACHE_MIB = 8192  # serve --cache-ram: llama-server's default size of its prompt cache
