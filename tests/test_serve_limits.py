@@ -65,6 +65,10 @@ def test_tune_s_synthetic_figures_never_turn_off_a_sequence_decoding_alone():
     assert sched._speculate() is True
     sched.active = [_active(1500), _active(1500)]
     assert sched._speculate() is False
+    # ... yet above the limit auto's paying drafts are verified, and /health says so
+    assert sched.snapshot()["spec_above_limit"] == "drafts the step pays for"
+    sched = _scheduler(SchedulerConfig(n_slots=2, spec=SpecConfig(mode="auto"), spec_limits=spec_threshold(0, zero)))
+    assert sched.snapshot()["spec_above_limit"] == "off"  # a limit set is kept as given
 
 
 def test_crossover_is_the_end_of_the_first_run_where_speculating_pays():
