@@ -195,3 +195,17 @@ def test_drafts_beside_a_prompt_s_last_chunk_leave_its_first_token_little_later(
     assert _spared(flat, [(16, 15.0), (8, 1.5)], 6) == [16, 8]
     # a 256-token chunk is past the sizes auto timed: linear, a draft of 32 adds 12%
     assert _spared(steep, [(32, 30.0)], 257) == [32]
+
+
+def test_a_sequence_whose_drafts_are_not_kept_is_asked_less_often():
+    sched = _scheduler(SchedulerConfig(n_slots=2, spec=SpecConfig(mode="auto")))
+    a = SimpleNamespace(state=_Offer(0, None), quiet=0, quiet_until=0)
+    gaps = []
+    for _ in range(7):  # withdrawn (or nothing drafted) every time it is asked
+        sched._steps = a.quiet_until
+        sched._quieten([a])
+        gaps.append(a.quiet_until - sched._steps)
+    assert gaps == [1, 2, 4, 8, 16, 16, 16]
+    a.state = _Offer(8, 7.0)  # a kept draft: asked again at the next step
+    sched._quieten([a])
+    assert a.quiet_until == sched._steps
