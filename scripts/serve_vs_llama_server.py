@@ -132,10 +132,25 @@ def cell(url: str, prompts: list[str], clients: int, requests: int, n: int, stre
     results: list[tuple[int, float, str]] = []
     lock = threading.Lock()
 
+    failed: list[str] = []
+
     def client_loop(i: int) -> None:
         with httpx.Client() as c:
             for r in range(requests):
-                out = one_request(c, url, prompts[(i * requests + r) % len(prompts)], n, stream)
+                prompt = prompts[(i * requests + r) % len(prompts)]
+                try:
+                    out = one_request(c, url, prompt, n, stream)
+                except httpx.RemoteProtocolError:  # a kept-alive connection the server closed: once more
+                    try:
+                        out = one_request(c, url, prompt, n, stream)
+                    except httpx.HTTPError as e:
+                        with lock:
+                            failed.append(f"{type(e).__name__}: {e}")
+                        continue
+                except httpx.HTTPError as e:
+                    with lock:
+                        failed.append(f"{type(e).__name__}: {e}")
+                    continue
                 with lock:
                     results.append(out)
 
@@ -148,7 +163,8 @@ def cell(url: str, prompts: list[str], clients: int, requests: int, n: int, stre
     wall = time.perf_counter() - t0
     tokens = sum(r[0] for r in results)
     return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall,
-            "ttft_s": statistics.fmean(r[1] for r in results), "texts": [r[2] for r in results]}
+            "ttft_s": statistics.fmean(r[1] for r in results) if results else float("nan"),
+            "texts": [r[2] for r in results], "failed": failed}
 
 
 def main() -> None:
@@ -235,7 +251,8 @@ def _line(row: dict) -> str:
     parts = [head]
     for name, r in row.items():
         if isinstance(r, dict):
-            parts.append(f"{name} {r['tok_s']:6.2f} tok/s ttft {r['ttft_s']:6.2f}s")
+            parts.append(f"{name} {r['tok_s']:6.2f} tok/s ttft {r['ttft_s']:6.2f}s"
+                         + (f" ({len(r['failed'])} failed: {r['failed'][0]})" if r.get("failed") else ""))
             if lp and r is not lp:
                 parts.append(f"({r['tok_s'] / lp['tok_s']:.2f}x, ttft {r['ttft_s'] / lp['ttft_s']:.2f}x)")
     if row.get("same_texts"):
