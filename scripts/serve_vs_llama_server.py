@@ -131,28 +131,24 @@ def cell(url: str, prompts: list[str], clients: int, requests: int, n: int, stre
     """C clients x R requests; aggregate tok/s and mean TTFT."""
     results: list[tuple[int, float, str]] = []
     lock = threading.Lock()
-
     failed: list[str] = []
 
     def client_loop(i: int) -> None:
         with httpx.Client() as c:
             for r in range(requests):
                 prompt = prompts[(i * requests + r) % len(prompts)]
-                try:
-                    out = one_request(c, url, prompt, n, stream)
-                except httpx.RemoteProtocolError:  # a kept-alive connection the server closed: once more
+                for attempt in range(2):  # a kept-alive connection the server closed: once more
                     try:
                         out = one_request(c, url, prompt, n, stream)
                     except httpx.HTTPError as e:
+                        if attempt == 0 and isinstance(e, httpx.RemoteProtocolError):
+                            continue
                         with lock:
                             failed.append(f"{type(e).__name__}: {e}")
-                        continue
-                except httpx.HTTPError as e:
-                    with lock:
-                        failed.append(f"{type(e).__name__}: {e}")
-                    continue
-                with lock:
-                    results.append(out)
+                    else:
+                        with lock:
+                            results.append(out)
+                    break
 
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
     t0 = time.perf_counter()

@@ -153,12 +153,20 @@ class _Offer:
         self.draft, self.withdrawn = SimpleNamespace(tokens=[]), True
 
 
-def _keeps(vcurve: list[float], offers: list[tuple[int, float | None]], n_plain: int) -> list[bool]:
+def _offered(vcurve: list[float], k_max: int, offers: list[tuple[int, float | None]]) -> tuple[Scheduler, list]:
+    """A scheduler whose auto priced verifies by `vcurve`, and sequences that proposed `offers`."""
     from localspec.core.drafters.costs import CostModel
 
     sched = _scheduler(SchedulerConfig(n_slots=8, spec=SpecConfig(mode="auto")))
-    sched.learned.cost = CostModel(replace(PROFILE, vcurve=vcurve), 64, learn=False)
+    sched.learned.cost = CostModel(replace(PROFILE, vcurve=vcurve), k_max, learn=False)
     active = [SimpleNamespace(state=_Offer(k, p)) for k, p in offers]
+    for a in active:
+        a.state.k = len(a.state.draft.tokens)
+    return sched, active
+
+
+def _keeps(vcurve: list[float], offers: list[tuple[int, float | None]], n_plain: int) -> list[bool]:
+    sched, active = _offered(vcurve, 64, offers)
     sched._keep_paying(active, n_plain)
     return [not a.state.withdrawn for a in active]
 
@@ -176,13 +184,7 @@ def test_above_the_limit_a_draft_is_verified_only_where_the_step_pays_for_it():
 
 
 def _spared(vcurve: list[float], offers: list[tuple[int, float | None]], n_plain: int) -> list[int]:
-    from localspec.core.drafters.costs import CostModel
-
-    sched = _scheduler(SchedulerConfig(n_slots=8, spec=SpecConfig(mode="auto")))
-    sched.learned.cost = CostModel(replace(PROFILE, vcurve=vcurve), 32, learn=False)
-    active = [SimpleNamespace(state=_Offer(k, p)) for k, p in offers]
-    for a in active:
-        a.state.k = len(a.state.draft.tokens)
+    sched, active = _offered(vcurve, 32, offers)
     sched._spare_first_tokens(active, n_plain)
     return [0 if a.state.withdrawn else a.state.k for a in active]
 

@@ -28,7 +28,7 @@ from localspec.core.constrain import (
     constrained_argmax,
     constrained_probs,
 )
-from localspec.core.drafters.base import Draft, Drafter, constrain, finished
+from localspec.core.drafters.base import Draft, Drafter, constrain, finished, promise, withdrawn
 from localspec.core.errors import ContextFull
 from localspec.core.limits import LineLimits
 from localspec.core.events import (
@@ -277,17 +277,12 @@ class Generation:
     def promise(self) -> float | None:
         """What the proposed draft is expected to yield (tokens, its round's own included),
         as its drafter predicts it; None without a draft or a prediction."""
-        if not self.draft.tokens:
-            return None
-        fn = getattr(self.drafter, "promise", None)
-        return fn() if fn is not None else None
+        return promise(self.drafter) if self.draft.tokens else None
 
     def withdraw(self) -> None:
         """Drop the proposed draft before batch(): this round decodes plainly."""
         self.draft, self.k = Draft(), 0
-        fn = getattr(self.drafter, "withdrawn", None)
-        if fn is not None:
-            fn()
+        withdrawn(self.drafter)
 
     def batch(self, shared_s: float = 0.0) -> list[int]:
         """1b. the batch to verify, [id_last, *draft], once the draft is complete.

@@ -44,7 +44,14 @@ from localspec.core.drafters.base import Drafter
 from localspec.core.drafters.draft_model import DraftBatch, DraftPhase
 from localspec.core.engine import Round, Token
 from localspec.core.events import StopReason
-from localspec.core.tuning import BATCH_GAIN, FIRST_TOKEN_SHARE, PREFILL_RESERVE, QUIET_MAX, PROMPT_CACHE_MIB, SLOT_COPY_MIN
+from localspec.core.tuning import (
+    BATCH_GAIN,
+    FIRST_TOKEN_SHARE,
+    PREFILL_RESERVE,
+    PROMPT_CACHE_MIB,
+    QUIET_MAX,
+    SLOT_COPY_MIN,
+)
 from localspec.profile import Profile
 from localspec.runtime import make_drafter
 from localspec.serve.jobs import Failed, Finished, Job, QueueFull, Text, Unavailable

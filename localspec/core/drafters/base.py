@@ -48,6 +48,8 @@ class Drafter(Protocol):
     # optional: constrain(grammar) -> None. The generation's output grammar (None: free
     # text), given at its start; at every draft() call it is in its state after `context`.
     # A drafter that drafts within it (ModelDrafter) clones it and never advances it.
+    # optional: promise() -> float | None. Tokens the draft just made is expected to yield
+    # if verified; withdrawn() -> None: that draft will not be verified (the server's step).
 
 
 def constrain(drafter: Drafter, grammar: object | None) -> None:
@@ -62,6 +64,19 @@ def finished(drafter: Drafter, tokens: Sequence[int]) -> None:
     hook = getattr(drafter, "finished", None)
     if hook is not None:
         hook(tokens)
+
+
+def promise(drafter: Drafter) -> float | None:
+    """What `drafter` expects its last draft to yield, if it says (optional)."""
+    hook = getattr(drafter, "promise", None)
+    return hook() if hook is not None else None
+
+
+def withdrawn(drafter: Drafter) -> None:
+    """Tell `drafter` its last draft will not be verified, if it listens (optional)."""
+    hook = getattr(drafter, "withdrawn", None)
+    if hook is not None:
+        hook()
 
 
 class DrafterBase:
