@@ -127,6 +127,32 @@ def one_request(client: httpx.Client, url: str, prompt: str, n: int, stream: boo
     return tokens, first or time.perf_counter() - t0, "".join(parts)
 
 
+COUNTERS = ("steps_total", "speculative_steps_total", "draft_tokens_total", "accepted_tokens_total")
+
+
+def counters(srv: Server) -> dict[str, float] | None:
+    """localspec's drafting counters from /metrics (None for llama-server)."""
+    if not srv.name.startswith("localspec"):
+        return None
+    got = {}
+    for line in httpx.get(srv.url + "/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.removeprefix("localspec_") in COUNTERS:
+            got[name.removeprefix("localspec_").removesuffix("_total")] = float(value)
+    return got
+
+
+def run_cell(srv: Server, prompts: list[str], clients: int, requests: int, n: int, stream: bool) -> dict:
+    """One cell on one server, with what localspec drafted in it (steps, speculative steps,
+    draft tokens verified and accepted: the /metrics counters' change)."""
+    before = counters(srv)
+    out = cell(srv.url, prompts, clients, requests, n, stream)
+    if before is not None:
+        after = counters(srv)
+        out["drafting"] = {k: int(after[k] - before.get(k, 0.0)) for k in after}
+    return out
+
+
 def cell(url: str, prompts: list[str], clients: int, requests: int, n: int, stream: bool) -> dict:
     """C clients x R requests; aggregate tok/s and mean TTFT."""
     results: list[tuple[int, float, str]] = []
@@ -178,6 +204,9 @@ def main() -> None:
                     help='localspec serve flags [default: "--spec none"]; repeat for several servers')
     ap.add_argument("--server-args", default="", help="extra llama-server flags")
     ap.add_argument("--only", default="both", choices=("both", "localspec", "llama-server"))
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each cell this many times (the servers' order alternating); a summary "
+                         "line gives medians and each localspec variant over the first, run by run")
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()
 
@@ -220,17 +249,35 @@ def main() -> None:
                 prompts = [long_prompt(int(size)) + f"\n(review {i})" for i in range(8)]
             for stream in streams:
                 for c in cs:
-                    order = servers if k % 2 == 0 else servers[::-1]
-                    k += 1
-                    ran = {s.name: cell(s.url, prompts, c, args.requests, args.n, stream) for s in order}
-                    got = {s.name: ran[s.name] for s in servers}  # reported in a fixed order
-                    rows.append({"prompt": size, "stream": stream, "clients": c, **{
-                        name: {key: v for key, v in r.items() if key != "texts"} for name, r in got.items()},
-                        "same_texts": _same(got)})
-                    print(_line(rows[-1]), flush=True)
+                    runs = []
+                    for _ in range(args.repeat):
+                        order = servers if k % 2 == 0 else servers[::-1]
+                        k += 1
+                        ran = {s.name: run_cell(s, prompts, c, args.requests, args.n, stream) for s in order}
+                        got = {s.name: ran[s.name] for s in servers}  # reported in a fixed order
+                        rows.append({"prompt": size, "stream": stream, "clients": c, **{
+                            name: {key: v for key, v in r.items() if key != "texts"} for name, r in got.items()},
+                            "same_texts": _same(got)})
+                        runs.append(rows[-1])
+                        print(_line(rows[-1]), flush=True)
+                    if args.repeat > 1:
+                        print(_summary(runs, [s.name for s in servers]), flush=True)
     print(f"\n(logs in {log_dir})")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+def _summary(runs: list[dict], names: list[str]) -> str:
+    """A cell's repeats: each server's median tok/s, and each localspec variant after the
+    first over the first, paired run by run (median [min-max])."""
+    parts = [f"  median of {len(runs)}:"]
+    for name in names:
+        parts.append(f"{name} {statistics.median(r[name]['tok_s'] for r in runs):6.2f} tok/s")
+    ls = [n for n in names if n.startswith("localspec")]
+    for name in ls[1:]:
+        ratios = sorted(r[ls[0]]["tok_s"] / r[name]["tok_s"] for r in runs)
+        parts.append(f"{ls[0]} / {name} {statistics.median(ratios):.3f}x [{ratios[0]:.3f}-{ratios[-1]:.3f}]")
+    return "  ".join(parts)
 
 
 def _same(got: dict) -> str | None:
@@ -249,6 +296,10 @@ def _line(row: dict) -> str:
         if isinstance(r, dict):
             parts.append(f"{name} {r['tok_s']:6.2f} tok/s ttft {r['ttft_s']:6.2f}s"
                          + (f" ({len(r['failed'])} failed: {r['failed'][0]})" if r.get("failed") else ""))
+            d = r.get("drafting")
+            if d and d.get("draft_tokens"):
+                parts.append(f"[{d['speculative_steps']}/{d['steps']} steps spec, "
+                             f"{d['accepted_tokens']}/{d['draft_tokens']} accepted]")
             if lp and r is not lp:
                 parts.append(f"({r['tok_s'] / lp['tok_s']:.2f}x, ttft {r['ttft_s'] / lp['ttft_s']:.2f}x)")
     if row.get("same_texts"):

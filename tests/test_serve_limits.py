@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from localspec.core.backend import ubatches
 from localspec.core.config import SpecConfig
 from localspec.profile import Profile
 from localspec.serve.defaults import (
@@ -80,7 +81,8 @@ def test_crossover_is_the_end_of_the_first_run_where_speculating_pays():
 
 
 def _scheduler(cfg: SchedulerConfig) -> Scheduler:
-    target = SimpleNamespace(cfg=SimpleNamespace(n_seq_max=8), n_batch=512)
+    target = SimpleNamespace(cfg=SimpleNamespace(n_seq_max=8), n_batch=512,
+                             ubatches=lambda lengths: ubatches(lengths, 512))  # a KV cache per sequence
     return Scheduler(target, cfg)
 
 
@@ -140,9 +142,11 @@ def test_tune_measures_the_limit_on_batches_of_real_sequences(smol_path):
 
 
 class _Offer:
-    """A decoding sequence that proposed `k` tokens its drafter expects `promise` of."""
+    """A decoding sequence (KV sequence `seq`) that proposed `k` tokens its drafter
+    expects `promise` of."""
 
-    def __init__(self, k: int, promise: float | None) -> None:
+    def __init__(self, k: int, promise: float | None, seq: int = 0) -> None:
+        self.seq = seq
         self.draft = SimpleNamespace(tokens=[7] * k)
         self._promise, self.withdrawn = promise, False
 
@@ -159,15 +163,17 @@ def _offered(vcurve: list[float], k_max: int, offers: list[tuple[int, float | No
 
     sched = _scheduler(SchedulerConfig(n_slots=8, spec=SpecConfig(mode="auto")))
     sched.learned.cost = CostModel(replace(PROFILE, vcurve=vcurve), k_max, learn=False)
-    active = [SimpleNamespace(state=_Offer(k, p)) for k, p in offers]
+    active = [SimpleNamespace(state=_Offer(k, p, seq)) for seq, (k, p) in enumerate(offers)]
     for a in active:
         a.state.k = len(a.state.draft.tokens)
     return sched, active
 
 
 def _keeps(vcurve: list[float], offers: list[tuple[int, float | None]], n_plain: int) -> list[bool]:
+    """Which drafts the step keeps: `offers` on sequences 0.., beside plain rows up to
+    `n_plain` sequences."""
     sched, active = _offered(vcurve, 64, offers)
-    sched._keep_paying(active, n_plain)
+    sched._keep_paying(active, {seq: 1 for seq in range(n_plain)})
     return [not a.state.withdrawn for a in active]
 
 
@@ -179,24 +185,52 @@ def test_above_the_limit_a_draft_is_verified_only_where_the_step_pays_for_it():
     assert _keeps(steep, [(16, 15.0), (8, 1.05)], 2) == [False, False]
     # on the flat curve the step pays for every sure copy; no promise: decoded plainly
     assert _keeps(flat, [(12, 11.0), (12, 10.0), (4, None)], 3) == [True, True, False]
-    # a batch past the curve the cost model knows is not priced: plain
-    assert _keeps(flat, [(64, 60.0)], 4) == [False]
+    # a pass past the curve the cost model knows is priced as linear from its end
+    assert _keeps(flat, [(128, 120.0)], 4) == [True]
+    assert _keeps(steep, [(128, 120.0)], 4) == [False]
 
 
-def _spared(vcurve: list[float], offers: list[tuple[int, float | None]], n_plain: int) -> list[int]:
+def test_a_draft_beside_plain_rows_is_priced_as_the_pass_of_its_own_it_makes():
+    """With a KV cache per sequence llama.cpp splits a step into ubatches of equal tokens
+    per sequence: 8 plain rows and an 8-token draft are two passes, V(8) + V(8), not one
+    of 16. On this CPU's tuned curve (2-core AMD EPYC, AVX-512, the 1.5B: V(8) 4.90, V(16)
+    5.62) one pass of 16 would make the draft look nearly free."""
+    tuned = [1.0, 1.63, 2.37, 2.94, 3.68, 4.16, 4.87, 4.9, 5.28, 5.76, 5.91, 6.07, 6.38, 6.68, 6.15, 5.62,
+             *(5.62 + 0.46 * i for i in range(1, 50))]
+    assert _keeps(tuned, [(8, 7.0)], 8) == [False]  # (8 + 6) / 9.8 < 8 / 4.9
+    # a long sure copy pays for its own pass: (8 + 15) / (4.9 + V(16) 5.62) = 2.19 > 1.63
+    assert _keeps(tuned, [(15, 16.0)], 8) == [True]
+
+
+def test_ubatches_follow_llama_cpp_s_split_of_a_multi_sequence_batch():
+    # split_equal(sequential): a run of consecutive ids, the same tokens from each
+    assert ubatches([(s, 1) for s in range(8)], 512) == [8]
+    assert ubatches([(0, 9), *((s, 1) for s in range(1, 8))], 512) == [8, 8]
+    assert ubatches([(s, 5) for s in range(8)], 512) == [40]
+    assert ubatches([(0, 5), (1, 9)], 512) == [10, 4]
+    assert ubatches([(2, 9), (1, 1), (0, 5)], 512) == [3, 4, 8]  # taken in id order
+    assert ubatches([(0, 1), (3, 1), (4, 300)], 256) == [1, 2, 256, 43]  # a gap ends a run
+    assert ubatches([(0, 700)], 512, one_stream=True) == [512, 188]  # split_simple
+
+
+def _spared(vcurve: list[float], offers: list[tuple[int, float | None]], chunk: int) -> list[int]:
+    """What is left of `offers` (sequences 0..) beside a prompt prefilling `chunk` tokens
+    on the next sequence."""
     sched, active = _offered(vcurve, 32, offers)
-    sched._spare_first_tokens(active, n_plain)
+    sched._spare_first_tokens(active, {**{seq: 1 for seq in range(len(offers))}, len(offers): chunk})
     return [0 if a.state.withdrawn else a.state.k for a in active]
 
 
 def test_drafts_beside_a_prompt_s_last_chunk_leave_its_first_token_little_later():
-    steep = [float(n) for n in range(1, 66)]  # V(n) = n: 6 plain rows, +50% = 3 more tokens
-    assert _spared(steep, [(16, 15.0)], 6) == [3]
-    assert _spared(steep, [(16, 15.0), (8, 1.5)], 6) == [3, 0]  # the surest draft keeps the room
-    flat = [1.0 + 0.01 * i for i in range(65)]  # a GPU: drafts cost the waiting prompt ~nothing
-    assert _spared(flat, [(16, 15.0), (8, 1.5)], 6) == [16, 8]
-    # a 256-token chunk is past the sizes auto timed: linear, a draft of 32 adds 12%
-    assert _spared(steep, [(32, 30.0)], 257) == [32]
+    steep = [float(n) for n in range(1, 66)]  # V(n) = n: 6 tokens in the step, +50% = 3 more
+    assert _spared(steep, [(16, 15.0)], 5) == [3]
+    assert _spared(steep, [(16, 15.0), (8, 1.5)], 4) == [3, 0]  # the surest draft keeps the room
+    # a GPU: a pass costs about one token's time whatever its size, so a draft that rides
+    # in the pass the chunk makes anyway costs it ~nothing; the other one is a pass more
+    flat = [1.0 + 0.01 * i for i in range(65)]
+    assert _spared(flat, [(8, 1.5), (16, 15.0)], 40) == [8, 16]
+    # a 256-token chunk is past the sizes auto timed: linear from the curve's end
+    assert _spared(steep, [(32, 30.0)], 256) == [32]
 
 
 def test_a_sequence_whose_drafts_are_not_kept_is_asked_less_often():

@@ -368,12 +368,16 @@ class Scheduler:
         self._steps += 1
         asked = {id(a) for a in decoding if speculate or (sure and self._steps >= a.quiet_until)}
         proposed = [a for a in decoding if self._guard(a, a.state.propose, k_cap if id(a) in asked else 0)]
+        plain = {a.state.seq: 1 for a in decoding}  # the step's layout without drafts
         if sure:
-            self._keep_paying(proposed, len(decoding))
+            self._keep_paying(proposed, plain)
             self._quieten([a for a in proposed if id(a) in asked])
         if prefilling and (speculate or sure) and self.learned.cost is not None:
-            waiting = sum(len(a.state.prompt) - a.state.n_prefilled for a in prefilling)
-            self._spare_first_tokens(proposed, len(decoding) + min(self.cfg.prefill_chunk, waiting))
+            room = min(self.cfg.prefill_chunk, n_batch - len(decoding))
+            for a in prefilling:  # the chunks this step will carry, as below
+                plain[a.state.seq] = n = max(0, min(room, len(a.state.prompt) - a.state.n_prefilled))
+                room -= n
+            self._spare_first_tokens(proposed, plain)
         phase = self._draft_phase()
         drafted = False
         for a in proposed:  # a slot is charged its share of the shared drafting phase
@@ -409,15 +413,29 @@ class Scheduler:
     def _sure_bets_only(self) -> bool:
         return self.sure_bets and self.learned.cost is not None  # auto has priced a verify
 
-    def _keep_paying(self, proposed: list[_Active], n_plain: int) -> None:
+    def _price(self, layout: dict[int, int], worst: bool = True) -> float:
+        """What a step of `layout` ({seq: tokens}) costs in one-token decodes: the V of
+        each ubatch llama.cpp splits it into (backend ubatch.py: with a KV cache per
+        sequence, a draft beside plain rows is a pass of its own), by auto's learned
+        curve; a size not yet settled at its worst case (`worst`) or its estimate; past
+        the curve's end as if linear from it."""
+        cost = self.learned.cost
+        total = 0.0
+        for n in self.target.ubatches(list(layout.items())):
+            m = min(n, cost.n_max)
+            v = cost.upper(m) if worst and not cost.settled(m) else cost.v(m)
+            total += v * n / m
+        return total
+
+    def _keep_paying(self, proposed: list[_Active], plain: dict[int, int]) -> None:
         """Of the drafts proposed above the limit, keep those the step pays for: by the
         tokens each is expected to add (auto's own promise, its accepted prefix) against
-        what it adds to the step's verify time (the learned V(n) of the batch's size; an
-        unsettled size at its worst case), best first, each lifting the step's tokens per
-        time by BATCH_GAIN over what it was without it; the rest decode plainly. A batch
-        of B plain rows costs V(B) for B tokens, so on a steep curve (V(n) ~ n) nothing
-        is kept, on a flat one (a GPU, an AMX Xeon) long sure copies are."""
-        cost = self.learned.cost
+        what it adds to the step's time (_price: the ubatches it makes), best first, each
+        lifting the step's tokens per time by BATCH_GAIN over what it was without it; the
+        rest decode plainly. On a CPU with a KV cache per sequence a draft beside others
+        costs about its own verify, so only long sure copies are kept (or ones that fill
+        a pass the step makes anyway); where a pass of more tokens costs little more (a
+        GPU, an AMX Xeon), more are."""
         offers = []
         for a in proposed:
             promise = a.state.promise()
@@ -425,18 +443,20 @@ class Scheduler:
                 a.state.withdraw()
                 continue
             k = len(a.state.draft.tokens)
-            if promise > 1.0 and n_plain + k <= cost.n_max:
+            if promise > 1.0:
                 offers.append(((promise - 1.0) / k, k, promise, a))
             else:
                 a.state.withdraw()
-        tokens, size = float(n_plain), n_plain
-        rate = tokens / cost.v(size)
+        layout = dict(plain)
+        tokens = float(len(plain))
+        rate = tokens / self._price(layout, worst=False)
         for _, k, promise, a in sorted(offers, key=lambda o: -o[0]):
-            n = size + k
-            price = cost.v(n) if cost.settled(n) else cost.upper(n)
-            if n <= cost.n_max and (tokens + promise - 1.0) / price >= (1.0 + BATCH_GAIN) * rate:
-                tokens, size, rate = tokens + promise - 1.0, n, (tokens + promise - 1.0) / price
+            layout[a.state.seq] = 1 + k
+            with_it = (tokens + promise - 1.0) / self._price(layout)
+            if with_it >= (1.0 + BATCH_GAIN) * rate:
+                tokens, rate = tokens + promise - 1.0, with_it
             else:
+                layout[a.state.seq] = 1
                 a.state.withdraw()
 
     def _quieten(self, asked: list[_Active]) -> None:
@@ -448,24 +468,24 @@ class Scheduler:
             a.quiet = 0 if a.state.draft.tokens else min(QUIET_MAX, max(1, 2 * a.quiet))
             a.quiet_until = self._steps + a.quiet
 
-    def _spare_first_tokens(self, proposed: list[_Active], n_plain: int) -> None:
-        """While prompts prefill beside them, the decoding sequences' drafts may add at
-        most FIRST_TOKEN_SHARE to the step's time (auto's learned V(n); past the sizes it
-        knows, as if linear): a request waiting for its first token waits for the whole
-        step (2-core AMD EPYC, 1.5B, two streaming clients of 50-token requests: mean
-        time to first token 360 ms with this rule, 450 ms without, 337 ms with
-        speculation off). Drafts are cut, the surest kept first."""
-        cost = self.learned.cost
-        if n_plain >= cost.n_max:
-            room = int(FIRST_TOKEN_SHARE * n_plain)
-        else:
-            cap, room = (1.0 + FIRST_TOKEN_SHARE) * cost.v(n_plain), 0
-            while n_plain + room < cost.n_max and cost.v(n_plain + room + 1) <= cap:
-                room += 1
+    def _spare_first_tokens(self, proposed: list[_Active], plain: dict[int, int]) -> None:
+        """While prompts prefill beside them (`plain`: the step's layout with their chunks),
+        the decoding sequences' drafts may add at most FIRST_TOKEN_SHARE to the step's
+        time (_price): a request waiting for its first token waits for the whole step
+        (2-core AMD EPYC, 1.5B, two streaming clients of 50-token requests: mean time to
+        first token 360 ms with this rule, 450 ms without, 337 ms with speculation off).
+        Drafts are cut, the surest kept first."""
+        layout = dict(plain)
+        cap = (1.0 + FIRST_TOKEN_SHARE) * self._price(layout)
         offers = [(a.state.promise() or 1.0, len(a.state.draft.tokens), a) for a in proposed if a.state.draft.tokens]
         for promise, k, a in sorted(offers, key=lambda o: -(o[0] - 1.0) / o[1]):
-            keep = min(k, a.state.k, room)
-            room -= keep
+            keep = min(k, a.state.k)
+            while keep > 0:
+                layout[a.state.seq] = 1 + keep
+                if self._price(layout) <= cap:
+                    break
+                keep -= 1
+            layout[a.state.seq] = 1 + keep
             if keep == 0:
                 a.state.withdraw()
             else:

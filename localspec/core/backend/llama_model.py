@@ -28,6 +28,7 @@ from localspec.core.backend.ggml import (
 )
 from localspec.core.backend.placement import LoadInfo, placement
 from localspec.core.backend.prefix import PrefixReuse
+from localspec.core.backend.ubatch import ubatches
 from localspec.core.config import ModelConfig
 from localspec.core.errors import BackendError, ContextFull
 from localspec.core.tuning import N_BATCH
@@ -270,6 +271,11 @@ class Model(PrefixReuse, Owned):
     def n_ctx_seq(self) -> int:
         """Context available to one sequence (n_ctx is split across n_seq_max)."""
         return int(_ll.llama_n_ctx_seq(self._ctx))
+
+    def ubatches(self, lengths: Sequence[tuple[int, int]]) -> list[int]:
+        """The ubatches (token counts) one decode_multi of [(seq, tokens)] is split into:
+        runs of consecutive sequence ids, equal tokens each (ubatch.py)."""
+        return ubatches(lengths, self.n_batch, one_stream=self.cfg.n_seq_max == 1)  # n_ubatch = n_batch
 
     def seq_tokens(self, seq: int = 0) -> list[int]:
         """What sequence `seq`'s KV cells hold (sequence 0 is `cached`)."""
