@@ -268,12 +268,19 @@ def main() -> None:
 
 
 def _summary(runs: list[dict], names: list[str]) -> str:
-    """A cell's repeats: each server's median tok/s, and each localspec variant after the
-    first over the first, paired run by run (median [min-max])."""
+    """A cell's repeats: each server's median tok/s; each localspec server over
+    llama-server (tok/s and TTFT) and each localspec variant after the first over the
+    first, paired run by run (median [min-max])."""
     parts = [f"  median of {len(runs)}:"]
     for name in names:
         parts.append(f"{name} {statistics.median(r[name]['tok_s'] for r in runs):6.2f} tok/s")
     ls = [n for n in names if n.startswith("localspec")]
+    if "llama-server" in names:
+        for name in ls:
+            tok = sorted(r[name]["tok_s"] / r["llama-server"]["tok_s"] for r in runs)
+            ttft = sorted(r[name]["ttft_s"] / r["llama-server"]["ttft_s"] for r in runs)
+            parts.append(f"{name} / llama-server {statistics.median(tok):.2f}x [{tok[0]:.2f}-{tok[-1]:.2f}], "
+                         f"ttft {statistics.median(ttft):.2f}x [{ttft[0]:.2f}-{ttft[-1]:.2f}]")
     for name in ls[1:]:
         ratios = sorted(r[ls[0]]["tok_s"] / r[name]["tok_s"] for r in runs)
         parts.append(f"{ls[0]} / {name} {statistics.median(ratios):.3f}x [{ratios[0]:.3f}-{ratios[-1]:.3f}]")
