@@ -202,6 +202,42 @@ def test_a_draft_beside_plain_rows_is_priced_as_the_pass_of_its_own_it_makes():
     assert _keeps(tuned, [(15, 16.0)], 8) == [True]
 
 
+def test_a_loaded_server_times_the_passes_its_steps_make_and_tries_an_untimed_size_twice():
+    """Without a profile, sizes are learned from the server's own steps: a step of one
+    pass times V of its tokens; a draft's pass is timed as what its step took beyond the
+    plain pass. A size never timed is priced at its worst case (no better per token than
+    the largest timed size below it), which would never let a draft at it be tried, so a
+    sure draft is tried there TRIALS times beside a plain pass."""
+    from localspec.core.drafters.costs import CostModel
+    from localspec.core.tuning import TRIALS
+
+    t1 = 0.03
+    sched = _scheduler(SchedulerConfig(n_slots=8, spec=SpecConfig(mode="auto")))
+    sched.learned.cost = cost = CostModel(None, 64)
+    sched._learn_step([(0, 1), (1, 1)], 1.6 * t1)  # no one-token time yet: nothing to scale by
+    assert not cost.known(2)
+    for _ in range(3):
+        cost.observe_verify(1, t1)  # a sequence's plain rounds alone
+    for _ in range(3):
+        sched._learn_step([(0, 1), (1, 1)], 1.6 * t1)  # plain steps of two sequences: V(2)
+    assert cost.settled(2) and abs(cost.v(2) - 1.6) < 1e-9
+    assert not cost.known(16)
+
+    def offer() -> bool:
+        a = SimpleNamespace(state=_Offer(16, 15.0, seq=0))
+        sched._keep_paying([a], {0: 1, 1: 1})
+        return not a.state.withdrawn
+
+    assert [offer() for _ in range(TRIALS + 1)] == [True] * TRIALS + [False]
+    # the trial's step: the plain pass of 2 and the draft's own pass of 16
+    sched._learn_step([(0, 17), (1, 1)], (1.6 + 5.6) * t1)
+    assert cost.known(16) and abs(cost.v(16) - 5.6) < 1e-6
+    assert offer()  # now priced as timed: (2 + 14) / (1.6 + 1.3 x 5.6) > 1.1 x 2 / 1.6
+    # a stalled step is taken as at most its tokens' one-token decodes
+    sched._learn_step([(0, 1), (1, 1), (2, 1)], 50 * t1)
+    assert cost.v(3) <= 3.0
+
+
 def test_ubatches_follow_llama_cpp_s_split_of_a_multi_sequence_batch():
     # split_equal(sequential): a run of consecutive ids, the same tokens from each
     assert ubatches([(s, 1) for s in range(8)], 512) == [8]

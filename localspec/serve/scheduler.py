@@ -51,6 +51,7 @@ from localspec.core.tuning import (
     PROMPT_CACHE_MIB,
     QUIET_MAX,
     SLOT_COPY_MIN,
+    TRIALS,
 )
 from localspec.profile import Profile
 from localspec.runtime import make_drafter
@@ -146,6 +147,7 @@ class Scheduler:
         self._last: dict[int, dict] = {}  # slot -> the last request it served (GET /slots)
         self._tasks = itertools.count()
         self._steps = 0  # steps run, for _Active.quiet_until
+        self._tried: dict[int, int] = {}  # pass size -> drafts tried at it (_keep_paying)
         self.speculating = cfg.spec.mode.drafts
         self.error: BaseException | None = None
         self._cv = threading.Condition()
@@ -413,19 +415,44 @@ class Scheduler:
     def _sure_bets_only(self) -> bool:
         return self.sure_bets and self.learned.cost is not None  # auto has priced a verify
 
-    def _price(self, layout: dict[int, int], worst: bool = True) -> float:
+    def _price(self, layout: dict[int, int], how: str = "worst") -> float:
         """What a step of `layout` ({seq: tokens}) costs in one-token decodes: the V of
         each ubatch llama.cpp splits it into (backend ubatch.py: with a KV cache per
         sequence, a draft beside plain rows is a pass of its own), by auto's learned
-        curve; a size not yet settled at its worst case (`worst`) or its estimate; past
-        the curve's end as if linear from it."""
+        curve; a size not yet settled at its worst case (`how` "worst"), its estimate
+        ("estimate"), or where never timed its hope ("hope": a trial); past the curve's
+        end as if linear from it."""
         cost = self.learned.cost
         total = 0.0
         for n in self.target.ubatches(list(layout.items())):
             m = min(n, cost.n_max)
-            v = cost.upper(m) if worst and not cost.settled(m) else cost.v(m)
+            if cost.settled(m) or how == "estimate":
+                v = cost.v(m)
+            else:
+                v = cost.hope(m) if how == "hope" and not cost.known(m) else cost.upper(m)
             total += v * n / m
         return total
+
+    def _learn_step(self, layout: list[tuple[int, int]], seconds: float) -> None:
+        """What a decode-only step of several sequences showed of V(n), for _price: a step
+        of one pass is a verify of its tokens (the plain steps of C sequences time V(C));
+        of two passes whose first is settled, the second took the rest. (A sequence
+        decoding alone is timed by its own round, in accept.) As for a round, a step is
+        taken as at most its tokens' one-token decodes: one stalled by another process
+        must not price a size out."""
+        cost = self.learned.cost
+        t1 = cost.t1() if cost is not None else None
+        if not t1:
+            return
+        passes = self.target.ubatches(layout)
+        if len(passes) == 1:
+            n, rest = passes[0], seconds
+        elif len(passes) == 2 and cost.settled(passes[0]) and passes[0] <= cost.n_max:
+            n, rest = passes[1], seconds - cost.v(passes[0]) * t1
+        else:
+            return
+        if 1 < n <= cost.n_max and rest > 0:
+            cost.observe_verify(n, min(rest, n * t1))
 
     def _keep_paying(self, proposed: list[_Active], plain: dict[int, int]) -> None:
         """Of the drafts proposed above the limit, keep those the step pays for: by the
@@ -449,15 +476,37 @@ class Scheduler:
                 a.state.withdraw()
         layout = dict(plain)
         tokens = float(len(plain))
-        rate = tokens / self._price(layout, worst=False)
-        for _, k, promise, a in sorted(offers, key=lambda o: -o[0]):
+        rate = tokens / self._price(layout, "estimate")
+        kept, ranked = 0, sorted(offers, key=lambda o: -o[0])
+        for i, (_, k, promise, a) in enumerate(ranked):
             layout[a.state.seq] = 1 + k
-            with_it = (tokens + promise - 1.0) / self._price(layout)
-            if with_it >= (1.0 + BATCH_GAIN) * rate:
-                tokens, rate = tokens + promise - 1.0, with_it
-            else:
-                layout[a.state.seq] = 1
-                a.state.withdraw()
+            with_it = tokens + promise - 1.0
+            if with_it / self._price(layout) >= (1.0 + BATCH_GAIN) * rate:
+                tokens, rate, kept = with_it, with_it / self._price(layout), kept + 1
+                continue
+            n = self._trial(layout, plain) if not kept else None
+            if n is not None and with_it / self._price(layout, "hope") >= (1.0 + BATCH_GAIN) * rate:
+                # a size never timed: verified once or twice alone beside the plain pass,
+                # which _learn_step then times (the worst case would never let it be tried)
+                self._tried[n] = self._tried.get(n, 0) + 1
+                for *_, b in ranked[i + 1:]:
+                    b.state.withdraw()
+                return
+            layout[a.state.seq] = 1
+            a.state.withdraw()
+
+    def _trial(self, layout: dict[int, int], plain: dict[int, int]) -> int | None:
+        """The pass size a draft would be tried at (TRIALS times at most): where the step
+        without it is one settled pass and the draft makes one pass more, of a size never
+        timed; else None."""
+        cost = self.learned.cost
+        base, passes = self.target.ubatches(list(plain.items())), self.target.ubatches(list(layout.items()))
+        if len(base) != 1 or len(passes) != 2 or not cost.settled(min(base[0], cost.n_max)):
+            return None
+        n = passes[1]
+        if n > cost.n_max or cost.known(n) or self._tried.get(n, 0) >= TRIALS:
+            return None
+        return n
 
     def _quieten(self, asked: list[_Active]) -> None:
         """Above the limit, a sequence whose draft was not kept (or that drafted nothing)
@@ -523,6 +572,8 @@ class Scheduler:
             n_new += self._guard(a, self._take, a, len(toks), r, dt, dl, len(entries) == 1) or 0
         if not n_prefill:
             self.metrics.decode_step(len(entries), speculate, dt, n_new)
+            if len(entries) > 1 and self.sure_bets:
+                self._learn_step([(seq, len(toks)) for seq, toks, _ in entries], dt)
 
     def _take(self, a: _Active, n: int, rows: np.ndarray, dt: float, dl: float, alone: bool) -> int:
         """Hand this sequence its rows; returns how many tokens it emitted. `alone`: the
