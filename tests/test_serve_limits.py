@@ -163,7 +163,7 @@ def _offered(vcurve: list[float], k_max: int, offers: list[tuple[int, float | No
 
     sched = _scheduler(SchedulerConfig(n_slots=8, spec=SpecConfig(mode="auto")))
     sched.learned.cost = CostModel(replace(PROFILE, vcurve=vcurve), k_max, learn=False)
-    active = [SimpleNamespace(state=_Offer(k, p, seq)) for seq, (k, p) in enumerate(offers)]
+    active = [SimpleNamespace(state=_Offer(k, p, seq), promised=0.0) for seq, (k, p) in enumerate(offers)]
     for a in active:
         a.state.k = len(a.state.draft.tokens)
     return sched, active
@@ -224,7 +224,7 @@ def test_a_loaded_server_times_the_passes_its_steps_make_and_tries_an_untimed_si
     assert not cost.known(16)
 
     def offer() -> bool:
-        a = SimpleNamespace(state=_Offer(16, 15.0, seq=0))
+        a = SimpleNamespace(state=_Offer(16, 15.0, seq=0), promised=0.0)
         sched._keep_paying([a], {0: 1, 1: 1})
         return not a.state.withdrawn
 
@@ -236,6 +236,28 @@ def test_a_loaded_server_times_the_passes_its_steps_make_and_tries_an_untimed_si
     # a stalled step is taken as at most its tokens' one-token decodes
     sched._learn_step([(0, 1), (1, 1), (2, 1)], 50 * t1)
     assert cost.v(3) <= 3.0
+
+
+def test_promises_are_trusted_as_far_as_the_drafts_kept_above_the_limit_gave_them():
+    """auto promises for a sequence alone; where the drafts kept beside others give less
+    (a review quoting its prompt), the step scales later promises by what they gave."""
+    flat = [1.0 + 0.02 * i for i in range(65)]
+    sched, _ = _offered(flat, 64, [])
+
+    def kept(promise: float) -> tuple[bool, float]:
+        a = SimpleNamespace(state=_Offer(16, promise, seq=0), promised=0.0)
+        a.state.k = 16
+        sched._keep_paying([a], {0: 1, 1: 1})
+        return not a.state.withdrawn, a.promised
+
+    assert kept(9.0) == (True, 9.0)  # full trust before any evidence; auto's own promise kept
+    for _ in range(20):  # kept drafts gave nothing of the 8 tokens each promised
+        sched._kept(0, 8.0)
+    assert sched._trust() < 0.15
+    assert kept(9.0) == (False, 0.0)  # 1 + 0.12 x 8 tokens no longer pay for the pass
+    for _ in range(200):  # ... and then gave all of it
+        sched._kept(8, 8.0)
+    assert sched._trust() > 0.95 and kept(9.0)[0]
 
 
 def test_ubatches_follow_llama_cpp_s_split_of_a_multi_sequence_batch():

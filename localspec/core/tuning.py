@@ -21,6 +21,7 @@ FIRST_TOKEN_SHARE = 0.5  # while a prompt prefills, drafts beside it add at most
 BATCH_GAIN = 0.1  # above serve's limit, a draft must lift its step's tokens per time this much ...
 QUIET_MAX = 16  # ... and a sequence whose drafts it did not pay for drafts again within this many steps
 TRIALS = 2  # ... and a pass size never timed is tried this often beside a plain pass, to time it
+KEPT_PRIOR, KEPT_DECAY = 16.0, 0.97  # ... and promises scaled by what kept drafts gave (tokens, decay per draft)
 PREFILL_RESERVE = 64  # batch tokens a step keeps for prompts being prefilled beside drafts
 PROMPT_CACHE_MIB = 8192  # serve --cache-ram: llama-server's default size of its prompt cache
 SLOT_COPY_MIN = 32  # prompt tokens another slot must hold beyond the chosen slot's for its

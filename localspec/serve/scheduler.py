@@ -47,6 +47,8 @@ from localspec.core.events import StopReason
 from localspec.core.tuning import (
     BATCH_GAIN,
     FIRST_TOKEN_SHARE,
+    KEPT_DECAY,
+    KEPT_PRIOR,
     PREFILL_RESERVE,
     PROMPT_CACHE_MIB,
     QUIET_MAX,
@@ -95,6 +97,7 @@ class _Active:
     # withdrawn (doubling to QUIET_MAX; a kept draft resets it), and the step it resumes at
     quiet: int = 0
     quiet_until: int = 0
+    promised: float = 0.0  # the promise of its draft kept above the limit this step (0: none)
 
     @property
     def failed(self) -> bool:
@@ -148,6 +151,9 @@ class Scheduler:
         self._tasks = itertools.count()
         self._steps = 0  # steps run, for _Active.quiet_until
         self._tried: dict[int, int] = {}  # pass size -> drafts tried at it (_keep_paying)
+        # tokens beyond the plain one that drafts kept above the limit gave, and promised
+        # (decayed sums): promises are scaled by their ratio (_kept)
+        self._kept_gave = self._kept_promised = 0.0
         self.speculating = cfg.spec.mode.drafts
         self.error: BaseException | None = None
         self._cv = threading.Condition()
@@ -464,16 +470,19 @@ class Scheduler:
         a pass the step makes anyway); where a pass of more tokens costs little more (a
         GPU, an AMX Xeon), more are."""
         offers = []
+        trust = self._trust()
         for a in proposed:
             promise = a.state.promise()
             if promise is None:  # nothing drafted, or no prediction to price it by
                 a.state.withdraw()
                 continue
             k = len(a.state.draft.tokens)
+            a.promised, promise = promise, 1.0 + trust * (promise - 1.0)  # auto's, and trusted
             if promise > 1.0:
                 offers.append(((promise - 1.0) / k, k, promise, a))
             else:
                 a.state.withdraw()
+                a.promised = 0.0
         layout = dict(plain)
         tokens = float(len(plain))
         rate = tokens / self._price(layout, "estimate")
@@ -491,9 +500,24 @@ class Scheduler:
                 self._tried[n] = self._tried.get(n, 0) + 1
                 for *_, b in ranked[i + 1:]:
                     b.state.withdraw()
+                    b.promised = 0.0
                 return
             layout[a.state.seq] = 1
             a.state.withdraw()
+            a.promised = 0.0
+
+    def _kept(self, gave: int, promised: float) -> None:
+        """A draft kept above the limit gave `gave` tokens beyond its round's own, where
+        it promised `promised`."""
+        self._kept_gave = KEPT_DECAY * self._kept_gave + gave
+        self._kept_promised = KEPT_DECAY * self._kept_promised + promised
+
+    def _trust(self) -> float:
+        """How much of what auto promises the drafts kept above the limit gave (at most
+        all of it; KEPT_PRIOR promised tokens of full trust before any evidence): auto's
+        promise is made for a sequence alone, and copies in one request's reply (a code
+        review quoting its prompt) can hold less often than its counts say."""
+        return min(1.0, (self._kept_gave + KEPT_PRIOR) / (self._kept_promised + KEPT_PRIOR))
 
     def _trial(self, layout: dict[int, int], plain: dict[int, int]) -> int | None:
         """The pass size a draft would be tried at (TRIALS times at most): where the step
@@ -535,6 +559,8 @@ class Scheduler:
                     break
                 keep -= 1
             layout[a.state.seq] = 1 + keep
+            if keep < k:
+                a.promised = 0.0  # auto's promise was for the whole draft
             if keep == 0:
                 a.state.withdraw()
             else:
@@ -588,6 +614,9 @@ class Scheduler:
             events = st.accept(rows, dt, alone)
             rnd: Round = events[0]  # accept() returns the Round first, then the tokens
             self.metrics.round(rnd.n_draft, rnd.n_accept, st.stats.generated - before, rnd.source)
+            if a.promised and rnd.n_draft:
+                self._kept(rnd.n_accept, a.promised - 1.0)
+            a.promised = 0.0
         tokens = [ev for ev in events if isinstance(ev, Token)]
         text = "".join(ev.text for ev in tokens)
         logprobs = tuple(ev.logprob for ev in tokens if ev.logprob is not None)
