@@ -20,7 +20,8 @@ ALL_LAYERS = 999  # -ngl for "every layer": llama.cpp's idiom, more than any mod
 FIRST_TOKEN_SHARE = 0.5  # while a prompt prefills, drafts beside it add at most this to the step's time
 BATCH_GAIN = 0.1  # above serve's limit, a draft must lift its step's tokens per time this much ...
 QUIET_MAX = 16  # ... and a sequence whose drafts it did not pay for drafts again within this many steps
-TRIALS = 2  # ... and a pass size never timed is tried this often beside a plain pass, to time it
+TRIALS, TRIAL_GAIN = 2, 0.3  # ... a pass size never timed is tried this often beside a plain pass, to
+# time it, where its hope lifts the step's rate this much
 KEPT_PRIOR, KEPT_DECAY = 16.0, 0.97  # ... and promises scaled by what kept drafts gave (tokens, decay per draft)
 PREFILL_RESERVE = 64  # batch tokens a step keeps for prompts being prefilled beside drafts
 PROMPT_CACHE_MIB = 8192  # serve --cache-ram: llama-server's default size of its prompt cache

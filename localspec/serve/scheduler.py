@@ -47,12 +47,14 @@ from localspec.core.events import StopReason
 from localspec.core.tuning import (
     BATCH_GAIN,
     FIRST_TOKEN_SHARE,
+    GRID,
     KEPT_DECAY,
     KEPT_PRIOR,
     PREFILL_RESERVE,
     PROMPT_CACHE_MIB,
     QUIET_MAX,
     SLOT_COPY_MIN,
+    TRIAL_GAIN,
     TRIALS,
 )
 from localspec.profile import Profile
@@ -494,9 +496,11 @@ class Scheduler:
                 tokens, rate, kept = with_it, with_it / self._price(layout), kept + 1
                 continue
             n = self._trial(layout, plain) if not kept else None
-            if n is not None and with_it / self._price(layout, "hope") >= (1.0 + BATCH_GAIN) * rate:
+            if n is not None and with_it / self._price(layout, "hope") >= (1.0 + TRIAL_GAIN) * rate:
                 # a size never timed: verified once or twice alone beside the plain pass,
-                # which _learn_step then times (the worst case would never let it be tried)
+                # which _learn_step then times (the worst case would never let it be tried);
+                # only where even its hope must clear a wide margin: a trial that merely
+                # breaks even costs a pass and teaches little
                 self._tried[n] = self._tried.get(n, 0) + 1
                 for *_, b in ranked[i + 1:]:
                     b.state.withdraw()
@@ -521,15 +525,15 @@ class Scheduler:
 
     def _trial(self, layout: dict[int, int], plain: dict[int, int]) -> int | None:
         """The pass size a draft would be tried at (TRIALS times at most): where the step
-        without it is one settled pass and the draft makes one pass more, of a size never
-        timed; else None."""
+        without it is one settled pass and the draft makes one pass more, of one of GRID's
+        sizes never timed; else None."""
         cost = self.learned.cost
         base, passes = self.target.ubatches(list(plain.items())), self.target.ubatches(list(layout.items()))
         if len(base) != 1 or len(passes) != 2 or not cost.settled(min(base[0], cost.n_max)):
             return None
         n = passes[1]
-        if n > cost.n_max or cost.known(n) or self._tried.get(n, 0) >= TRIALS:
-            return None
+        if n not in GRID or n > cost.n_max or cost.known(n) or self._tried.get(n, 0) >= TRIALS:
+            return None  # GRID's sizes only: the curve between them is interpolated
         return n
 
     def _quieten(self, asked: list[_Active]) -> None:
