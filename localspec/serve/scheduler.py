@@ -6,8 +6,10 @@ Each step:
      decoding (vLLM's --speculative-disable-by-batch-size; one still prefilling does not
      count: its chunk makes the step large already): with a full batch the machine is
      compute-bound, and a rejected draft token is compute taken from another user; above
-     the limit auto's drafts are still verified where the step pays for them (_keep_paying),
-     and beside a prompt being prefilled drafts lengthen the step by at most a half
+     the limit auto's drafts are still verified where the step pays for them (_keep_paying:
+     a step priced by the ubatches llama.cpp splits it into, V timed from the server's own
+     steps, an untimed size tried twice), and beside a prompt being prefilled drafts
+     lengthen the step by at most a half
   3. every decoding sequence plans its round, [id_last] or [id_last, *draft] (the
      engine's Generation.propose and .batch: the same round generate() runs); between
      the two, the drafting phase makes every slot's draft-model draft at once (with
