@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_llama_server import find_server  # noqa: E402
 
 from localspec import models  # noqa: E402
+from localspec.bench.soak import metrics  # noqa: E402
 from localspec.bench.workers import free_port  # noqa: E402
 from localspec.core import backend  # noqa: E402
 
@@ -134,12 +135,8 @@ def counters(srv: Server) -> dict[str, float] | None:
     """localspec's drafting counters from /metrics (None for llama-server)."""
     if not srv.name.startswith("localspec"):
         return None
-    got = {}
-    for line in httpx.get(srv.url + "/metrics", timeout=30).text.splitlines():
-        name, _, value = line.partition(" ")
-        if name.removeprefix("localspec_") in COUNTERS:
-            got[name.removeprefix("localspec_").removesuffix("_total")] = float(value)
-    return got
+    got = metrics(srv.url, None)
+    return {name.removesuffix("_total"): got[("localspec_" + name, ())] for name in COUNTERS}
 
 
 def run_cell(srv: Server, prompts: list[str], clients: int, requests: int, n: int, stream: bool) -> dict:

@@ -434,7 +434,7 @@ class Scheduler:
         end as if linear from it."""
         cost = self.learned.cost
         total = 0.0
-        for n in self.target.ubatches(list(layout.items())):
+        for n in self.target.ubatches(layout.items()):
             m = min(n, cost.n_max)
             if cost.settled(m) or how == "estimate":
                 v = cost.v(m)
@@ -485,8 +485,7 @@ class Scheduler:
             if promise > 1.0:
                 offers.append(((promise - 1.0) / k, k, promise, a))
             else:
-                a.state.withdraw()
-                a.promised = 0.0
+                self._withdraw(a)
         layout = dict(plain)
         tokens = float(len(plain))
         rate = tokens / self._price(layout, "estimate")
@@ -494,8 +493,8 @@ class Scheduler:
         for i, (_, k, promise, a) in enumerate(ranked):
             layout[a.state.seq] = 1 + k
             with_it = tokens + promise - 1.0
-            if with_it / self._price(layout) >= (1.0 + BATCH_GAIN) * rate:
-                tokens, rate, kept = with_it, with_it / self._price(layout), kept + 1
+            if (new_rate := with_it / self._price(layout)) >= (1.0 + BATCH_GAIN) * rate:
+                tokens, rate, kept = with_it, new_rate, kept + 1
                 continue
             n = self._trial(layout, plain) if not kept else None
             if n is not None and with_it / self._price(layout, "hope") >= (1.0 + TRIAL_GAIN) * rate:
@@ -505,12 +504,16 @@ class Scheduler:
                 # breaks even costs a pass and teaches little
                 self._tried[n] = self._tried.get(n, 0) + 1
                 for *_, b in ranked[i + 1:]:
-                    b.state.withdraw()
-                    b.promised = 0.0
+                    self._withdraw(b)
                 return
             layout[a.state.seq] = 1
-            a.state.withdraw()
-            a.promised = 0.0
+            self._withdraw(a)
+
+    @staticmethod
+    def _withdraw(a: _Active) -> None:
+        """The step does not verify this sequence's draft, nor counts its promise."""
+        a.state.withdraw()
+        a.promised = 0.0
 
     def _kept(self, gave: int, promised: float) -> None:
         """A draft kept above the limit gave `gave` tokens beyond its round's own, where
@@ -530,7 +533,7 @@ class Scheduler:
         without it is one settled pass and the draft makes one pass more, of one of GRID's
         sizes never timed; else None."""
         cost = self.learned.cost
-        base, passes = self.target.ubatches(list(plain.items())), self.target.ubatches(list(layout.items()))
+        base, passes = self.target.ubatches(plain.items()), self.target.ubatches(layout.items())
         if len(base) != 1 or len(passes) != 2 or not cost.settled(min(base[0], cost.n_max)):
             return None
         n = passes[1]

@@ -12,7 +12,7 @@ import codecs
 import ctypes
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -272,7 +272,7 @@ class Model(PrefixReuse, Owned):
         """Context available to one sequence (n_ctx is split across n_seq_max)."""
         return int(_ll.llama_n_ctx_seq(self._ctx))
 
-    def ubatches(self, lengths: Sequence[tuple[int, int]]) -> list[int]:
+    def ubatches(self, lengths: Iterable[tuple[int, int]]) -> list[int]:
         """The ubatches (token counts) one decode_multi of [(seq, tokens)] is split into:
         runs of consecutive sequence ids, equal tokens each (ubatch.py)."""
         return ubatches(lengths, self.n_batch, one_stream=self.cfg.n_seq_max == 1)  # n_ubatch = n_batch
