@@ -102,7 +102,7 @@ def record(path: str, target: str, draft: str, prompts: str | None = None,
             arg += [int(x) for x in p.argmax(axis=1)]
             top += [float(x) for x in p.max(axis=1)]
         out.append({"name": w.name, "tag": w.tag, "prompt": prep.tokens, "extra": prep.extra,
-                    "ids": ids, "d_arg": arg, "d_p": top})
+                    "instruction": w.instruction, "ids": ids, "d_arg": arg, "d_p": top})
         out[-1]["pieces"] = token_pieces(t, out[-1])
         print(f"{w.name}: {len(ids)} tokens", file=sys.stderr)
         with open(path, "w") as f:
@@ -228,7 +228,7 @@ def synth(path: str, target: str, prompts: str) -> None:
         body = edit.split_region((base / after).read_text()).body
         ids = t.tokenize(f"{body}\n{prep.fence}", add_special=False, parse_special=False)
         out.append({"name": Path(w.file).stem, "tag": w.tag, "prompt": prep.tokens,
-                    "extra": prep.extra, "ids": ids, "d_arg": [], "d_p": []})
+                    "extra": prep.extra, "instruction": w.instruction, "ids": ids, "d_arg": [], "d_p": []})
         out[-1]["pieces"] = token_pieces(t, out[-1])
         print(f"{out[-1]['name']}: {len(prep.tokens)} prompt, {len(ids)} output tokens", file=sys.stderr)
     with open(path, "w") as f:
