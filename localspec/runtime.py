@@ -16,6 +16,7 @@ from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig, SpecMode
 from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
 from localspec.core.drafters.auto import AutoDrafter, Learned
+from localspec.core.drafters import renames
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.draft_model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError
@@ -163,6 +164,18 @@ def _notice(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def predict_renames(target: Model, extra: Sequence[int], instruction: str,
+                    filename: str | None) -> tuple[list[int], tuple[str, ...]] | None:
+    """The file `extra` (its tokens) as an edit's `instruction` renames it, in the
+    target's tokens, and the old names (renames.py); None where it renames nothing."""
+    if not instruction or not extra:
+        return None
+    renaming = renames.predict(target.detokenize(extra), instruction, filename)
+    if renaming is None:
+        return None
+    return target.tokenize(renaming.text, add_special=False, parse_special=False), renaming.old
+
+
 def make_drafter(
     spec: SpecConfig,
     sampling: SamplingConfig,
@@ -176,6 +189,8 @@ def make_drafter(
     remember: bool = True,
     learned: Learned | None = None,
     costs: Profile | None = None,
+    instruction: str = "",
+    filename: str | None = None,
 ) -> Drafter:
     """The drafter for `spec.mode`; `extra` is a second n-gram source (a file's tokens).
     `auto` uses the calibration profile of `target` (and the draft) when one exists,
@@ -186,13 +201,16 @@ def make_drafter(
     (auto only): the verify costs and copy acceptance earlier generations measured, kept
     for later ones (the server's requests); `costs` (auto only): verify costs taken as
     given, neither timed nor stored, in place of the profile (tests whose drafting must
-    not hang on this machine's load while they run)."""
+    not hang on this machine's load while they run); `instruction` and `filename`: an
+    edit's, whose renames the n-gram drafter copies ahead (renames.py)."""
     if spec.mode is SpecMode.NONE:
         return NoDrafter()
     # the tokens' texts let a copy followed across a rename stop before its other spellings
     text = ((lambda t: target.token_piece(t).decode("utf-8", errors="replace"))
             if extra and target is not None and hasattr(target, "token_piece") else None)
-    ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra, text=text)
+    renaming = predict_renames(target, extra, instruction, filename) if text is not None else None
+    ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra, text=text,
+                         prediction=renaming[0] if renaming else None, renamed=renaming[1] if renaming else ())
     if spec.mode is SpecMode.NGRAM:
         return ngram
     model = (ModelDrafter(draft_model, sampling, spec.draft_p_min, seq=seq, batch=batch)

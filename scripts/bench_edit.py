@@ -199,15 +199,16 @@ def task_prompt(target: Model, task: dict) -> tuple[list[int], list[int], str]:
     return prompt, file_tokens, choose_fence(region.body)
 
 
-def drafter_for(spec: SpecConfig, file_tokens: list[int], target: Model | None):
+def drafter_for(spec: SpecConfig, file_tokens: list[int], target: Model | None, task: dict):
     if isinstance(spec, CopySpec):
         return CopyDrafter(min_match=spec.ngram_min, substitute=spec.draft_p_min > 0), spec
-    return make_drafter(spec, GREEDY, None, file_tokens, target=target), spec
+    return make_drafter(spec, GREEDY, None, file_tokens, target=target, instruction=task["instruction"],
+                        filename=task["file"]), spec
 
 
 def run_one(target: Model, task: dict, spec: SpecConfig, timer: RoundTimer):
     prompt, file_tokens, fence = task_prompt(target, task)
-    drafter, spec = drafter_for(spec, file_tokens, target)
+    drafter, spec = drafter_for(spec, file_tokens, target, task)
     gen = GenerationConfig(max_tokens=2 * len(file_tokens) + 256)
     timer.start()
     return rewrite(target, drafter, prompt, fence, sampling=GREEDY, spec=spec, gen=gen, on_event=timer)
@@ -345,7 +346,7 @@ def print_replays(target, tasks, chosen, plain_ids, names, v, table_name) -> Non
         for ti in chosen:
             prompt, file_tokens, _ = task_prompt(target, tasks[ti])
             spec = edit_spec("" if name == "edit" else name)
-            drafter, spec = drafter_for(spec, file_tokens, None if spec.mode != "auto" else target)
+            drafter, spec = drafter_for(spec, file_tokens, None if spec.mode != "auto" else target, tasks[ti])
             r = replay(prompt, plain_ids[ti], drafter, spec, v)
             cells.append(f"{r['speedup']:.2f}x acc {r['acceptance']:.0%} mean {r['mean_accepted']:.1f}")
         table.add_row(name, *cells)

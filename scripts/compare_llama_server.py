@@ -68,7 +68,8 @@ from localspec.prefix_store import PrefixStore, warm_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_FILES = {"edit": (ROOT / "localspec" / "workloads" / "edit" / "tasks.jsonl", wl.WORKLOADS_DIR),
-              "heldout": (ROOT / "scripts" / "heldout" / "tasks.jsonl", None)}
+              "heldout": (ROOT / "scripts" / "heldout" / "tasks.jsonl", None),
+              "corpus": (ROOT / "scripts" / "edit_corpus" / "tasks.jsonl", None)}
 BAR = 1.2
 
 
@@ -205,12 +206,14 @@ class Server:
 # ----- localspec on the same tokens ---------------------------------------------------------
 
 
-def run_localspec(rt, prep: wl.Prepared, spec, sampling, draft, cache: PrefixStore) -> Gen:
+def run_localspec(rt, prep: wl.Prepared, spec, sampling, draft, cache: PrefixStore,
+                  task: wl.Workload | None = None) -> Gen:
     """One `localspec edit` generation: the prefix restored (both runs start from the
     same KV values), then rewrite() to the closing fence; decode figures only."""
     rt.target.rewind(0)
     warm_prefix(rt.target, prep.tokens[: prep.n_prefix], cache)
-    drafter = make_drafter(spec, sampling, draft, prep.extra, target=rt.target)
+    drafter = make_drafter(spec, sampling, draft, prep.extra, target=rt.target,
+                           instruction=task.instruction if task else "", filename=task.file if task else None)
     out = rewrite(rt.target, drafter, prep.tokens, prep.fence or "```", sampling=sampling, spec=spec,
                   gen=GenerationConfig(max_tokens=prep.max_tokens), draft_model=draft)
     s = out.stats
@@ -371,14 +374,14 @@ def main() -> None:
                      *[("server", lab) for lab in servers if lab != "plain"], ("local", "default")]
             order = [(side, lab) for side, lab in order if side == "local" or lab in servers]
             for _ in range(args.repeat):
-                for p, row in zip(preps, rows):
+                for w, p, row in zip(tasks, preps, rows):
                     for side, label in order:
                         if side == "server":
                             g = servers[label].complete(p.tokens, p.max_tokens, p.fence or "```")
                         else:
                             sp = local[label]
                             draft = rt.draft if sp.mode in ("model", "hybrid", "auto") else None
-                            g = run_localspec(rt, p, sp, sampling, draft, cache)
+                            g = run_localspec(rt, p, sp, sampling, draft, cache, w)
                         row.add(side, label, g)
                         console.print(f"  {'llama-server' if side == 'server' else 'localspec':12} "
                                       f"{label:17} {row.name}: {g.tok_s:.2f} tok/s")

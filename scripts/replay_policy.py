@@ -46,8 +46,10 @@ kind: drafts too long (rejected before their end), cut short (all accepted, the 
 on), plain rounds where the n-gram had a match.
 
 `pieces` adds the tokens' texts to traces recorded without them (the n-gram drafter is
-given the target's, as in `localspec edit`: a rename's other spellings); `record` and
-`synth` store them.
+given the target's, as in `localspec edit`: a rename's other spellings), and an edit's
+prediction where its instruction renames something (renames.py: the file renamed, which
+the n-gram drafter copies in place of the file, as in `localspec edit`); `record` and
+`synth` store both.
 
 `synth` writes edit traces without decoding: each task of the JSONL names, beside "file"
 and "instruction", an "after" file (the edit done right, relative to the JSONL); the
@@ -102,22 +104,35 @@ def record(path: str, target: str, draft: str, prompts: str | None = None,
             arg += [int(x) for x in p.argmax(axis=1)]
             top += [float(x) for x in p.max(axis=1)]
         out.append({"name": w.name, "tag": w.tag, "prompt": prep.tokens, "extra": prep.extra,
-                    "instruction": w.instruction, "ids": ids, "d_arg": arg, "d_p": top})
+                    "instruction": w.instruction, "file": w.file, "ids": ids, "d_arg": arg, "d_p": top})
+        add_prediction(t, out[-1])
         out[-1]["pieces"] = token_pieces(t, out[-1])
         print(f"{w.name}: {len(ids)} tokens", file=sys.stderr)
         with open(path, "w") as f:
             json.dump(out, f)
 
 
+def add_prediction(t, tr: dict) -> None:
+    """An edit trace's prediction, where its instruction renames something: the file
+    renamed in the target's tokens ("predicted") and the old names ("renamed"), as
+    `localspec edit` gives them to the n-gram drafter (runtime.predict_renames)."""
+    from localspec.runtime import predict_renames
+
+    renaming = predict_renames(t, tr["extra"], tr.get("instruction", ""), tr.get("file") or None)
+    if renaming is not None:
+        tr["predicted"], tr["renamed"] = renaming[0], list(renaming[1])
+
+
 def token_pieces(t, tr: dict) -> dict[str, str]:
-    """{id: text} for every token of a trace (its prompt, text to copy and output): what
-    the n-gram drafter is given as the runtime gives it the target's (`text`)."""
-    ids = {*tr["prompt"], *tr["extra"], *tr["ids"]}
+    """{id: text} for every token of a trace (its prompt, text to copy, prediction and
+    output): what the n-gram drafter is given as the runtime gives it the target's (`text`)."""
+    ids = {*tr["prompt"], *tr["extra"], *tr.get("predicted", ()), *tr["ids"]}
     return {str(i): t.token_piece(i).decode("utf-8", errors="replace") for i in sorted(ids)}
 
 
 def add_pieces(paths: list[str], target: str) -> None:
-    """Add each trace's token texts (`token_pieces`) to trace files recorded without them."""
+    """Add each trace's token texts (`token_pieces`) to trace files recorded without them,
+    and an edit's prediction (`add_prediction`: its file's name taken as "file", else none)."""
     from localspec import models
     from localspec.core.backend import Model
 
@@ -127,6 +142,8 @@ def add_pieces(paths: list[str], target: str) -> None:
             traces = json.load(f)
         for tr in traces:
             if "ids" in tr:
+                if tr.get("instruction") and "extra" in tr:
+                    add_prediction(t, tr)
                 tr["pieces"] = token_pieces(t, tr)
         with open(path, "w") as f:
             json.dump(traces, f)
@@ -227,8 +244,9 @@ def synth(path: str, target: str, prompts: str) -> None:
         prep = prepare(w, t, 256)
         body = edit.split_region((base / after).read_text()).body
         ids = t.tokenize(f"{body}\n{prep.fence}", add_special=False, parse_special=False)
-        out.append({"name": Path(w.file).stem, "tag": w.tag, "prompt": prep.tokens,
-                    "extra": prep.extra, "instruction": w.instruction, "ids": ids, "d_arg": [], "d_p": []})
+        out.append({"name": Path(w.file).stem, "tag": w.tag, "prompt": prep.tokens, "extra": prep.extra,
+                    "instruction": w.instruction, "file": w.file, "ids": ids, "d_arg": [], "d_p": []})
+        add_prediction(t, out[-1])
         out[-1]["pieces"] = token_pieces(t, out[-1])
         print(f"{out[-1]['name']}: {len(prep.tokens)} prompt, {len(ids)} output tokens", file=sys.stderr)
     with open(path, "w") as f:

@@ -87,7 +87,8 @@ def run_engine(rt: Runtime, prep: Prepared, variant: Variant, workload: Workload
     if workload.is_edit and spec.mode.uses_ngram:
         spec = edit_matching(spec)  # n-gram matching as `localspec edit` does it
     draft = rt.draft if variant.uses_draft else None
-    drafter = make_drafter(spec, GREEDY, draft, prep.extra, target=rt.target)
+    drafter = make_drafter(spec, GREEDY, draft, prep.extra, target=rt.target,
+                           instruction=workload.instruction, filename=workload.file)
     # every variant prefills the whole prompt in one batch (or restores the same prefix
     # and prefills the rest), so the first token comes from the same computation (a
     # prefix kept from the last variant would change the batch shape, and at a near-tie

@@ -252,7 +252,7 @@ class Session:
 
         name = job.source.name
         drafter = make_drafter(self.spec, self.sampling, rt.draft, file_tokens, target=rt.target,
-                               memory=self._recall)
+                               memory=self._recall, instruction=self.instruction, filename=job.path)
         live = self.show_progress and sys.stderr.isatty()
         with ctrl_c.catching(), EditProgress(Path(name).name, len(file_tokens), enabled=live) as progress:
             # the file's KV state from the prefix cache, or prefilled and stored there

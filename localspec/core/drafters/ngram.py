@@ -29,7 +29,12 @@ this changes only what is proposed.
 A copy of the context itself that reaches the context's end, where the context ends in
 three periods of a loop (a small model repeating a line, a run of equal rows), goes on
 repeating the loop up to k tokens, as an overlapping copy does, instead of stopping at
-the end of the context (a draft of one period)."""
+the end of the context (a draft of one period).
+
+Given a `prediction` of the output (an edit's file with the instruction's renames
+applied: renames.py), the drafter copies it in place of the file: a match in the
+prompt's copy of the file is taken up at the same place of the prediction, and the old
+names it kept (in prose) are unsure until the output has shown what it does there."""
 
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from localspec.core.drafters.base import Draft, DrafterBase
+from localspec.core.drafters.renames import Predicted
 from localspec.core.tuning import REWRITE_SPAN, SURE
 
 RUN_CAP = 1024  # how far back a match is extended to measure the run it continues
@@ -226,12 +232,17 @@ class NgramDrafter(DrafterBase):
     name = "ngram"
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4, extra: Sequence[int] = (),
-                 follow: bool = True, text: Callable[[int], str] | None = None) -> None:
+                 follow: bool = True, text: Callable[[int], str] | None = None,
+                 prediction: Sequence[int] | None = None, renamed: Sequence[str] = ()) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
         self.sizes = range(ngram_min, ngram_max + 1)
         self.extra = _Index(self.sizes)
-        self.extra.extend(extra)
+        # a prediction of the output (the file with an instruction's renames applied:
+        # renames.py) is copied in place of `extra`; a match in the prompt's copy of
+        # `extra` is taken up at the same place of the prediction
+        self.extra.extend(prediction if prediction else extra)
+        self._predicted = Predicted(extra, prediction) if prediction else None
         self.ctx = _Index(self.sizes)
         self.follow = follow  # follow the copy of `extra` across changes (module docstring)
         words: dict[int, str | None] = {}
@@ -242,6 +253,8 @@ class NgramDrafter(DrafterBase):
             return words[token]
 
         self.subs = _Substitutions(word if text is not None else None)
+        if text is not None:  # the old names a prediction kept (prose): the target decides
+            self.subs.renamed.update(renamed)
         self.rules = _Rules()
         self._follow: _Follow | None = None
 
@@ -254,6 +267,8 @@ class NgramDrafter(DrafterBase):
         self.ctx = _Index(self.sizes)
         self.ctx.extend(prompt)
         self._follow = None
+        if self._predicted is not None:
+            self._predicted.locate(prompt)
 
     def _sync(self, context: Sequence[int]) -> None:
         n = len(self.ctx.tokens)
@@ -412,6 +427,10 @@ class NgramDrafter(DrafterBase):
             suffix = tuple(context[len(context) - n :])
             for index in (self.ctx, self.extra):
                 start = index.lookup(suffix)
+                if index is self.ctx and start is not None and self._predicted is not None:
+                    moved = self._predicted.moved(start)
+                    if moved is not None:  # in the prompt's copy of the file: the prediction
+                        index, start = self.extra, moved
                 if start is not None and start < len(index.tokens):
                     return index, start, n, _run_len(index.tokens, start, context, n, sub)
         return None

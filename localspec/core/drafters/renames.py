@@ -1,0 +1,161 @@
+"""An edit's instruction that renames something foretells the edit: the file with the
+names replaced where they are code (`predict`). The n-gram drafter copies that
+prediction instead of the file, so a rename is drafted before the target has written it
+even once, instead of breaking a long draft at its first site and stopping drafts at
+the next ones until the change has been seen twice.
+
+Only renames are read ("Rename the class Item to Product", "rename foo to bar",
+"rename the parameters lo and hi to low and high"): what they change is certain where
+the old name is code. Where it is prose (a comment, a docstring, a string that is not
+the name alone) the model may or may not follow, so the prediction keeps the file's
+text there and the drafter learns from the output what it does with such places, as
+without a prediction. Which parts of a file are code comes from pygments' lexer for the
+file's name (rich, a dependency, ships it); a file no lexer knows is taken as code
+throughout. The target verifies every draft: a wrong prediction costs a rejected draft,
+never a wrong output.
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+import re
+from collections.abc import Sequence
+from typing import NamedTuple
+
+_NAME = r"[`'\"]?([A-Za-z_][A-Za-z0-9_]*)[`'\"]?"
+_NAME_ALONE = re.compile(r"[\"']?[A-Za-z_][A-Za-z0-9_]*[\"']?")  # a string token holding a name alone
+# words between "rename" and the names: what kind of thing is renamed
+_KINDS = frozenset("""
+the a an class classes function functions method methods variable variables var vars
+parameter parameters param params argument arguments arg args field fields attribute
+attributes attr attrs property properties constant constants key keys module modules
+type types enum enums struct structs interface interfaces identifier identifiers symbol
+symbols name names member members column columns global globals local locals
+""".split())
+_LIST_SEP = re.compile(r"\s*,\s*(?:and\s+)?|\s+and\s+")
+_TO = re.compile(r"\s+(?:to|as|into|->|→)\s+|\s*(?:->|→)\s*")
+_RENAME = re.compile(r"\brenam(?:e|ing)\b", re.IGNORECASE)
+
+
+def _names(phrase: str) -> list[str] | None:
+    """`a`, `a and b`, `a, b and c` (names, optionally quoted) -> the names; None for
+    anything else."""
+    parts = _LIST_SEP.split(phrase.strip())
+    out = []
+    for p in parts:
+        m = re.fullmatch(_NAME, p.strip())
+        if m is None:
+            return None
+        out.append(m.group(1))
+    return out or None
+
+
+def parse(instruction: str) -> list[tuple[str, str]]:
+    """The (old, new) name pairs an instruction renames; [] where it renames nothing
+    this reader is sure of. Each "rename [the kind] OLD[, OLD2 and OLD3] to NEW[, ...]"
+    clause counts, up to the end of its sentence; the lists must be as long as each
+    other, and an old name must not be an English word of the kind list."""
+    pairs: list[tuple[str, str]] = []
+    for m in _RENAME.finditer(instruction):
+        rest = re.split(r"(?<=[^\s.])\.(?:\s|$)|[;\n]", instruction[m.end():], maxsplit=1)[0]
+        words = rest.split()
+        while words and words[0].lower() in _KINDS:  # "rename the class ..."
+            words.pop(0)
+        clause = " ".join(words)
+        split = _TO.split(clause, maxsplit=1)
+        if len(split) != 2:
+            continue
+        old = _names(split[0])
+        # the new names end where the clause goes on in words ("... to low everywhere")
+        tail, new = split[1].split(), None
+        for end in range(len(tail), 0, -1) if old else ():
+            new = _names(" ".join(tail[:end]).rstrip(",;:"))
+            if new is not None and len(new) == len(old):
+                break
+            new = None
+        if new is not None:
+            pairs += [(o, n) for o, n in zip(old, new) if o != n and o.lower() not in _KINDS]
+    return pairs
+
+
+def _prose_spans(text: str, filename: str | None) -> list[tuple[int, int]]:
+    """(start, end) of the file's prose by pygments' lexer for its name: comments, and
+    strings other than a name alone (`__all__`'s entries, a JSON key are code); none
+    where no lexer knows the file."""
+    from pygments.lexers import get_lexer_for_filename
+    from pygments.token import Comment, String
+    from pygments.util import ClassNotFound
+
+    try:
+        lexer = get_lexer_for_filename(filename or "", stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        return []
+    return [(start, start + len(value)) for start, kind, value in lexer.get_tokens_unprocessed(text)
+            if kind in Comment or (kind in String and _NAME_ALONE.fullmatch(value) is None)]
+
+
+class Renaming(NamedTuple):
+    """A file as an instruction's renames leave it where the old names are code (`text`),
+    and the old names (`old`: where the prediction kept one, in prose, the drafter
+    stops before it until the output has shown what it does there)."""
+
+    text: str
+    old: tuple[str, ...]
+
+
+def predict(text: str, instruction: str, filename: str | None = None) -> Renaming | None:
+    """`text` with the instruction's renames applied where the old names are code (whole
+    words, case as written); None where the instruction renames nothing, or none of
+    its old names occurs as code in the text."""
+    pairs = parse(instruction)
+    if not pairs:
+        return None
+    new = dict(pairs)
+    pattern = re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, sorted(new, key=len, reverse=True)))
+                         + r")(?![A-Za-z0-9_])")
+    matches = list(pattern.finditer(text))
+    if not matches:
+        return None
+    prose = _prose_spans(text, filename)
+    starts = [s for s, _ in prose]
+    out, pos = [], 0
+    for m in matches:
+        i = bisect.bisect_right(starts, m.start()) - 1
+        if i >= 0 and prose[i][0] <= m.start() < prose[i][1]:
+            continue  # prose: the model decides, the drafter learns what it did
+        out += [text[pos:m.start()], new[m.group(0)]]
+        pos = m.end()
+    if pos == 0:
+        return None
+    return Renaming("".join(out) + text[pos:], tuple(new))
+
+
+class Predicted:
+    """Where a prediction stands for a text the prompt holds: a position in the prompt's
+    copy of the `original` -> the same place in the `prediction` (difflib's alignment
+    of the two). Inside a stretch the prediction changes there is no such place: the
+    output wrote the original's tokens there, not the predicted ones."""
+
+    def __init__(self, original: Sequence[int], prediction: Sequence[int]) -> None:
+        self.original = list(original)
+        ops = difflib.SequenceMatcher(None, self.original, list(prediction), autojunk=False).get_opcodes()
+        self.ops = [(i1, i2, j1, tag == "equal") for tag, i1, i2, j1, _ in ops]
+        self.starts = [op[0] for op in self.ops]
+        self.copy = (0, 0, 0)  # (prompt position, original position, length) of the copy
+
+    def locate(self, prompt: Sequence[int]) -> None:
+        """Find the prompt's copy of the original (its longest stretch)."""
+        m = difflib.SequenceMatcher(None, list(prompt), self.original, autojunk=False).find_longest_match()
+        self.copy = (m.a, m.b, m.size)
+
+    def moved(self, pos: int) -> int | None:
+        """The prediction's position for prompt position `pos`, or None."""
+        a, b, size = self.copy
+        if not a <= pos < a + size:
+            return None
+        o = pos - a + b
+        i1, _, j1, equal = self.ops[bisect.bisect_right(self.starts, o) - 1]
+        if equal:
+            return j1 + o - i1
+        return j1 if o == i1 else None
