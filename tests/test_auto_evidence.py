@@ -12,7 +12,7 @@ from localspec.core.drafters.auto import AcceptModel, AutoDrafter, Plan, SpentSh
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.costs import CostModel
 from localspec.core.drafters.ngram import NgramDrafter
-from localspec.core.drafters.copy_age import COPY_PRIOR, PRIOR, CopyAge
+from localspec.core.drafters.copy_age import COPY_PRIOR, PREDICTED_PRIOR, PRIOR, CopyAge
 from localspec.profile import Profile
 
 
@@ -66,6 +66,38 @@ def test_an_edit_drafts_longer_from_its_first_match_than_a_prompt():
         return len(auto.draft(context, 64).tokens)
 
     assert first_k(text) > first_k([])  # the source makes it a copy: a longer first draft
+
+
+def test_a_prediction_of_the_output_is_drafted_longer_from_its_first_match():
+    """A copy of an edit's file with its renames made (a prediction) breaks only where
+    the model departs from the instruction: its prior is bolder than a copy of the file."""
+    flat = _profile([1.0 + 0.02 * (n - 1) for n in range(1, 66)])
+    text = list(range(100, 160))
+    predicted = [*text[:40], 999, *text[41:]]
+    prompt = [*text, 1, 2]
+    context = [*prompt, *text[:3]]
+
+    def first_k(prediction) -> int:
+        auto = AutoDrafter(NgramDrafter(3, 12, extra=text, prediction=prediction), None, flat, k_max=64,
+                           learn_costs=False)
+        auto.begin(prompt)
+        return len(auto.draft(context, 64).tokens)
+
+    assert all(p > c for p, c in zip(PREDICTED_PRIOR, COPY_PRIOR))
+    assert first_k(predicted) > first_k(None)
+
+
+def test_one_token_time_is_inferred_from_an_earlier_runs_points():
+    """A run whose every round drafts, with no tune profile but the points an earlier
+    run timed once (stored on-line), infers its one-token time from them: without one it
+    could never account a loss nor try a size it has not measured (a second run stuck at
+    the sizes the first happened to time)."""
+    stored = Profile(key="k", target="t", draft=None, device="cpu", n_threads=2, n_gpu_layers=0,
+                     t_token_s=0.1, vcurve=[], prefill_tok_s=0.0, online={"32": [5.0, 1], "224": [25.0, 1]})
+    cost = CostModel(stored, 256)
+    for _ in range(3):
+        cost.observe_verify(32, 0.5)  # V(32) = 5.0 by the earlier run: 0.1 s a token here
+    assert cost.seconds(1, 3) is None and abs(cost.t1() - 0.1) < 1e-9
 
 
 def test_one_token_time_is_inferred_when_every_round_drafts():

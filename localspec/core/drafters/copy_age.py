@@ -29,6 +29,7 @@ from localspec.core.tuning import (
     COPY_PRIOR,
     EDGES,
     OPEN_BIN_WIDTH,
+    PREDICTED_PRIOR,
     PRIOR,
     RUN_DECAY,
     RUN_SMOOTH,
@@ -79,11 +80,12 @@ class CopyAge:
         """Counts that have seen no run yet."""
         return np.zeros(len(EDGES)), np.zeros(len(EDGES))
 
-    def reset(self, n_context: int, copying: bool = False) -> None:
+    def reset(self, n_context: int, copying: bool = False, predicted: bool = False) -> None:
         """A new generation: follow nothing yet; counts carry over (same traffic). The
-        prior is COPY_PRIOR where the generation is expected to copy a given text."""
+        prior is COPY_PRIOR where the generation is expected to copy a given text, and
+        PREDICTED_PRIOR where that text is a prediction of it (an edit's renames made)."""
         self.tracks, self.seen = [], n_context
-        prior = COPY_PRIOR if copying else PRIOR
+        prior = (PREDICTED_PRIOR if predicted else COPY_PRIOR) if copying else PRIOR
         if prior is not self.prior:
             self.prior, self._est = prior, None
 

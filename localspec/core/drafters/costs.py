@@ -162,9 +162,12 @@ class CostModel:
         own = self.seconds(1, STEADY)
         if own is not None or not self.learn:
             return own
-        guesses = [self._median[n] / self.prior[n - 1] for n, t in self.times.items()
-                   if n > 1 and len(t) >= STEADY and self.prior_level[n] == 2]
-        return statistics.median(guesses) if guesses else None
+        for level in (2, 1):
+            guesses = [self._median[n] / self.prior[n - 1] for n, t in self.times.items()
+                       if n > 1 and len(t) >= STEADY and self.prior_level[n] == level]
+            if guesses:
+                return statistics.median(guesses)
+        return None
 
     def tables(self) -> CostTables:
         """The tables for what has been observed so far."""

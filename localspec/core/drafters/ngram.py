@@ -259,6 +259,11 @@ class NgramDrafter(DrafterBase):
         self._follow: _Follow | None = None
 
     @property
+    def predicting(self) -> bool:
+        """Whether the text copied is a prediction of the output (renames.py)."""
+        return self._predicted is not None
+
+    @property
     def copying(self) -> bool:
         """Whether a text to copy was given (`extra`: an edit's file, a `prediction`)."""
         return bool(self.extra.tokens)
