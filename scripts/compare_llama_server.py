@@ -261,6 +261,12 @@ class Row:
         return mine / best[1] if best and mine else None
 
     @property
+    def gain(self) -> float | None:
+        """localspec's default tok/s over the same without the renames drafted ahead."""
+        a, b = self.local.get("default"), self.local.get("unpredicted")
+        return a.tok_s / b.tok_s if a and b and b.tok_s else None
+
+    @property
     def absolute(self) -> float | None:
         """localspec's default tok/s over the fastest llama-server run's (plain included)."""
         mine, fastest = self.local.get("default"), max((g.tok_s for g in self.server.values()), default=0)
@@ -294,21 +300,27 @@ def table(rows: list[Row], settings: list[Setting]) -> Table:
     t = Table(title="decode speedup over each tool's own plain run (same prompt tokens, greedy)",
               title_justify="left")
     spec_labels = [s.label for s in settings if s.kind != "plain"]
+    unpredicted = any("unpredicted" in r.local for r in rows)
     for col in ["workload", "prompt", "server plain tok/s", *spec_labels, "localspec plain tok/s",
-                "localspec default", f"vs best server (bar {BAR}x)", "tok/s vs fastest server", "plain texts"]:
+                "localspec default", *(["renames not ahead", "default / that"] if unpredicted else []),
+                f"vs best server (bar {BAR}x)", "tok/s vs fastest server", "plain texts"]:
         t.add_column(col, justify="left" if col in ("workload", "plain texts") else "right")
     for r in rows:
         best = r.best_server
         sp, lp = r.server.get("plain"), r.local.get("plain")
         same = "-" if not (sp and lp) else _same(sp.text, lp.text)
         cells = [fmt(r.up(r.server, lab)) + _acc(r.server.get(lab)) for lab in spec_labels]
+        ahead = ([fmt(r.up(r.local, "unpredicted")) + _acc(r.local.get("unpredicted")), fmt(r.gain)]
+                 if unpredicted else [])
         t.add_row(r.name, str(r.prompt_tokens), fmt(sp.tok_s if sp else None, ""), *cells,
                   fmt(lp.tok_s if lp else None, ""),
-                  fmt(r.up(r.local, "default")) + _acc(r.local.get("default")),
+                  fmt(r.up(r.local, "default")) + _acc(r.local.get("default")), *ahead,
                   fmt(r.ratio) + (f" ({best[0]})" if best else ""), fmt(r.absolute), same)
     t.add_section()
     t.add_row("geomean", "", "", *[fmt(geomean([r.up(r.server, lab) for r in rows])) for lab in spec_labels],
               "", fmt(geomean([r.up(r.local, "default") for r in rows])),
+              *([fmt(geomean([r.up(r.local, "unpredicted") for r in rows])), fmt(geomean([r.gain for r in rows]))]
+                if unpredicted else []),
               fmt(geomean([r.ratio for r in rows])), fmt(geomean([r.absolute for r in rows])), "")
     return t
 
@@ -346,6 +358,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="run every variant this many times; the table shows each one's median run")
     ap.add_argument("--json", default=None, metavar="FILE", help="also save the numbers here")
+    ap.add_argument("--unpredicted", action="store_true", help="also run localspec's default without "
+                    "the instruction's renames drafted ahead (renames.py), right after it: the "
+                    "prediction's gain, side by side")
     args = ap.parse_args()
 
     exe = build_server() if args.build else find_server(args.llama_server)
@@ -367,11 +382,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
             servers = start_servers(stack, exe, rt, settings, args, Path(tmp), console)
             cache = PrefixStore(Path(tmp), cap=1 << 40, min_tokens=1)
-            local = {"plain": plain_spec, "default": spec}
+            local = {"plain": plain_spec, "default": spec, **({"unpredicted": spec} if args.unpredicted else {})}
             # plain runs side by side, then the speculative ones: a drift in the machine's
             # speed (a noisy neighbour, heat) lands on both tools
             order = [("server", "plain"), ("local", "plain"),
-                     *[("server", lab) for lab in servers if lab != "plain"], ("local", "default")]
+                     *[("server", lab) for lab in servers if lab != "plain"], ("local", "default"),
+                     *([("local", "unpredicted")] if args.unpredicted else [])]
             order = [(side, lab) for side, lab in order if side == "local" or lab in servers]
             for _ in range(args.repeat):
                 for w, p, row in zip(tasks, preps, rows):
@@ -381,7 +397,8 @@ def main() -> None:
                         else:
                             sp = local[label]
                             draft = rt.draft if sp.mode in ("model", "hybrid", "auto") else None
-                            g = run_localspec(rt, p, sp, sampling, draft, cache, w)
+                            g = run_localspec(rt, p, sp, sampling, draft, cache,
+                                              None if label == "unpredicted" else w)
                         row.add(side, label, g)
                         console.print(f"  {'llama-server' if side == 'server' else 'localspec':12} "
                                       f"{label:17} {row.name}: {g.tok_s:.2f} tok/s")
