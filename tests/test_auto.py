@@ -96,6 +96,7 @@ class _Fixed(DrafterBase):
 
     name = "fixed"
     copying = False
+    predicting = False
 
     def __init__(self, model: FakeModel, good: bool, match_len: int = 4) -> None:
         self.model, self.good, self.match_len = model, good, match_len
@@ -222,6 +223,7 @@ class _NoMatch(DrafterBase):
 
     name = "ngram"
     copying = False
+    predicting = False
 
     def begin(self, prompt):
         pass

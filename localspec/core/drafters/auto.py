@@ -220,7 +220,7 @@ class AutoDrafter(DrafterBase):
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.cost.context(len(prompt))  # the profile's V(n) measured nearest this context
-        self.runs.reset(len(prompt), copying=self.ngram.copying, predicted=getattr(self.ngram, "predicting", False))
+        self.runs.reset(len(prompt), copying=self.ngram.copying, predicted=self.ngram.predicting)
         self.ngram.begin(prompt)
         if self.model is not None:
             self.model.begin(prompt)

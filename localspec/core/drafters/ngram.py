@@ -70,6 +70,7 @@ class NgramSource(Protocol):
     """What auto's policy needs of its n-gram drafter (NgramDrafter, or a test's stand-in)."""
 
     copying: bool  # whether a text to copy was given
+    predicting: bool  # ... and whether it is a prediction of the output (renames.py)
 
     def begin(self, prompt: Sequence[int]) -> None: ...
 
