@@ -14,9 +14,8 @@ from localspec.acceptance import logdb
 from localspec.core.backend import Model, supports_gpu_offload
 from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig, SpecMode
-from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter
+from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter, renames
 from localspec.core.drafters.auto import AutoDrafter, Learned
-from localspec.core.drafters import renames
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.draft_model import DraftBatch, ModelDrafter
 from localspec.core.errors import IncompatibleModels, LocalspecError, UsageError

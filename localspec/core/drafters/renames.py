@@ -10,7 +10,7 @@ the old name is code. Where it is prose (a comment, a docstring, a string that i
 the name alone) the model may or may not follow, so the prediction keeps the file's
 text there and the drafter learns from the output what it does with such places, as
 without a prediction. Which parts of a file are code comes from pygments' lexer for the
-file's name (rich, a dependency, ships it); a file no lexer knows is taken as code
+file's name; a file no lexer knows (or a file read from stdin) is taken as code
 throughout. The target verifies every draft: a wrong prediction costs a rejected draft,
 never a wrong output.
 """
