@@ -70,6 +70,17 @@ def test_a_file_no_lexer_knows_is_renamed_throughout_and_a_name_absent_gives_not
     assert predict(SOURCE, "add type hints", "stock.py") is None
 
 
+def test_a_lexer_that_fails_gives_no_prediction_not_an_error(monkeypatch):
+    from pygments.lexers.python import PythonLexer
+
+    def broken(self, text):
+        raise RuntimeError("lexer bug")
+        yield
+
+    monkeypatch.setattr(PythonLexer, "get_tokens_unprocessed", broken)
+    assert predict(SOURCE, "Rename the class Item to Product.", "stock.py") is None
+
+
 def test_a_position_in_the_prompts_copy_maps_to_the_prediction():
     """Equal stretches map one to one; the first position of a changed stretch maps to
     the start of its replacement; a position inside it (the output wrote the original

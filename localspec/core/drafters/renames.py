@@ -79,10 +79,11 @@ def parse(instruction: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _prose_spans(text: str, filename: str | None) -> list[tuple[int, int]]:
+def _prose_spans(text: str, filename: str | None) -> list[tuple[int, int]] | None:
     """(start, end) of the file's prose by pygments' lexer for its name: comments, and
     strings other than a name alone (`__all__`'s entries, a JSON key are code); none
-    where no lexer knows the file."""
+    where no lexer knows the file; None where the lexer failed on it (no prediction
+    then: an edit never fails for want of one)."""
     from pygments.lexers import get_lexer_for_filename
     from pygments.token import Comment, String
     from pygments.util import ClassNotFound
@@ -91,8 +92,11 @@ def _prose_spans(text: str, filename: str | None) -> list[tuple[int, int]]:
         lexer = get_lexer_for_filename(filename or "", stripnl=False, ensurenl=False)
     except ClassNotFound:
         return []
-    return [(start, start + len(value)) for start, kind, value in lexer.get_tokens_unprocessed(text)
-            if kind in Comment or (kind in String and _NAME_ALONE.fullmatch(value) is None)]
+    try:
+        return [(start, start + len(value)) for start, kind, value in lexer.get_tokens_unprocessed(text)
+                if kind in Comment or (kind in String and _NAME_ALONE.fullmatch(value) is None)]
+    except Exception:  # a third-party lexer's bug on an odd file
+        return None
 
 
 class Renaming(NamedTuple):
@@ -118,6 +122,8 @@ def predict(text: str, instruction: str, filename: str | None = None) -> Renamin
     if not matches:
         return None
     prose = _prose_spans(text, filename)
+    if prose is None:
+        return None
     starts = [s for s, _ in prose]
     out, pos = [], 0
     for m in matches:
