@@ -163,10 +163,11 @@ def _notice(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def predict_renames(target: Model, extra: Sequence[int], instruction: str,
+def predict_edit(target: Model, extra: Sequence[int], instruction: str,
                     filename: str | None) -> tuple[list[int], tuple[str, ...]] | None:
-    """The file `extra` (its tokens) as an edit's `instruction` renames it, in the
-    target's tokens, and the old names (renames.py); None where it renames nothing."""
+    """The file `extra` (its tokens) as an edit's `instruction` renames it and sets its
+    keys, in the target's tokens, and the old names (renames.py, settings.py); None
+    where it foretells no change."""
     if not instruction or not extra:
         return None
     renaming = renames.predict(target.detokenize(extra), instruction, filename)
@@ -207,7 +208,7 @@ def make_drafter(
     # the tokens' texts let a copy followed across a rename stop before its other spellings
     text = ((lambda t: target.token_piece(t).decode("utf-8", errors="replace"))
             if extra and target is not None and hasattr(target, "token_piece") else None)
-    renaming = predict_renames(target, extra, instruction, filename) if text is not None else None
+    renaming = predict_edit(target, extra, instruction, filename) if text is not None else None
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra, text=text,
                          prediction=renaming[0] if renaming else None, renamed=renaming[1] if renaming else ())
     if spec.mode is SpecMode.NGRAM:

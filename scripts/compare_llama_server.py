@@ -262,7 +262,7 @@ class Row:
 
     @property
     def gain(self) -> float | None:
-        """localspec's default tok/s over the same without the renames drafted ahead."""
+        """localspec's default tok/s over the same without the renames and settings drafted ahead."""
         a, b = self.local.get("default"), self.local.get("unpredicted")
         return a.tok_s / b.tok_s if a and b and b.tok_s else None
 
@@ -302,7 +302,7 @@ def table(rows: list[Row], settings: list[Setting]) -> Table:
     spec_labels = [s.label for s in settings if s.kind != "plain"]
     unpredicted = any("unpredicted" in r.local for r in rows)
     for col in ["workload", "prompt", "server plain tok/s", *spec_labels, "localspec plain tok/s",
-                "localspec default", *(["renames not ahead", "default / that"] if unpredicted else []),
+                "localspec default", *(["not foretold", "default / that"] if unpredicted else []),
                 f"vs best server (bar {BAR}x)", "tok/s vs fastest server", "plain texts"]:
         t.add_column(col, justify="left" if col in ("workload", "plain texts") else "right")
     for r in rows:
@@ -359,8 +359,8 @@ def main() -> None:
                     help="run every variant this many times; the table shows each one's median run")
     ap.add_argument("--json", default=None, metavar="FILE", help="also save the numbers here")
     ap.add_argument("--unpredicted", action="store_true", help="also run localspec's default without "
-                    "the instruction's renames drafted ahead (renames.py), right after it: the "
-                    "prediction's gain, side by side")
+                    "the instruction's renames and settings drafted ahead (renames.py, settings.py), "
+                    "right after it: the prediction's gain, side by side")
     args = ap.parse_args()
 
     exe = build_server() if args.build else find_server(args.llama_server)

@@ -113,12 +113,12 @@ def record(path: str, target: str, draft: str, prompts: str | None = None,
 
 
 def add_prediction(t, tr: dict) -> None:
-    """An edit trace's prediction, where its instruction renames something: the file
-    renamed in the target's tokens ("predicted") and the old names ("renamed"), as
-    `localspec edit` gives them to the n-gram drafter (runtime.predict_renames)."""
-    from localspec.runtime import predict_renames
+    """An edit trace's prediction, where its instruction renames something or sets a
+    key: the file so changed, in the target's tokens ("predicted") and the old names ("renamed"), as
+    `localspec edit` gives them to the n-gram drafter (runtime.predict_edit)."""
+    from localspec.runtime import predict_edit
 
-    renaming = predict_renames(t, tr["extra"], tr.get("instruction", ""), tr.get("file") or None)
+    renaming = predict_edit(t, tr["extra"], tr.get("instruction", ""), tr.get("file") or None)
     if renaming is not None:
         tr["predicted"], tr["renamed"] = renaming[0], list(renaming[1])
 

@@ -23,6 +23,8 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from localspec.core.drafters import settings
+
 _NAME = r"[`'\"]?([A-Za-z_][A-Za-z0-9_]*)[`'\"]?"
 _NAME_ALONE = re.compile(r"[\"']?[A-Za-z_][A-Za-z0-9_]*[\"']?")  # a string token holding a name alone
 # words between "rename" and the names: what kind of thing is renamed
@@ -108,33 +110,41 @@ class Renaming(NamedTuple):
     old: tuple[str, ...]
 
 
-def predict(text: str, instruction: str, filename: str | None = None) -> Renaming | None:
-    """`text` with the instruction's renames applied where the old names are code (whole
-    words, case as written); None where the instruction renames nothing, or none of
-    its old names occurs as code in the text."""
-    pairs = parse(instruction)
-    if not pairs:
-        return None
+def _rename(text: str, pairs: list[tuple[str, str]], prose: list[tuple[int, int]]) -> str | None:
+    """`text` with the renames made where the old names are code (whole words, case as
+    written); None where no old name occurs as code."""
     new = dict(pairs)
     pattern = re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, sorted(new, key=len, reverse=True)))
                          + r")(?![A-Za-z0-9_])")
-    matches = list(pattern.finditer(text))
-    if not matches:
-        return None
-    prose = _prose_spans(text, filename)
-    if prose is None:
-        return None
     starts = [s for s, _ in prose]
     out, pos = [], 0
-    for m in matches:
+    for m in pattern.finditer(text):
         i = bisect.bisect_right(starts, m.start()) - 1
         if i >= 0 and prose[i][0] <= m.start() < prose[i][1]:
             continue  # prose: the model decides, the drafter learns what it did
         out += [text[pos:m.start()], new[m.group(0)]]
         pos = m.end()
-    if pos == 0:
+    return "".join(out) + text[pos:] if pos else None
+
+
+def predict(text: str, instruction: str, filename: str | None = None) -> Renaming | None:
+    """`text` as the instruction's renames and settings (settings.py) leave it where
+    they touch code; None where the instruction makes neither, or makes no change to
+    the text."""
+    pairs = parse(instruction)
+    if not pairs and not settings.parse(instruction):
         return None
-    return Renaming("".join(out) + text[pos:], tuple(new))
+    prose = _prose_spans(text, filename)
+    if prose is None:
+        return None
+    renamed = _rename(text, pairs, prose) if pairs else None
+    if renamed is not None:
+        text = renamed
+        prose = _prose_spans(text, filename) or []
+    changed = settings.apply(text, instruction, prose, filename)
+    if changed is None and renamed is None:
+        return None
+    return Renaming(changed or text, tuple(o for o, _ in pairs) if renamed is not None else ())
 
 
 class Predicted:
