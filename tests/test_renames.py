@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from localspec.core.drafters import NgramDrafter
-from localspec.core.drafters.renames import Predicted, parse, predict
+from localspec.core.drafters.renames import Predicted, parse, predict, replacements
 
 
 @pytest.mark.parametrize("instruction, pairs", [
@@ -34,6 +34,25 @@ def test_an_instruction_that_renames_is_read(instruction, pairs):
 ])
 def test_an_instruction_that_renames_nothing_certain_is_not_read(instruction):
     assert parse(instruction) == []
+
+
+@pytest.mark.parametrize("instruction, pairs", [
+    ("Replace `print(` with `log.info(` everywhere.", [("print(", "log.info(")]),
+    ('change all occurrences of "localhost" to "0.0.0.0"', [("localhost", "0.0.0.0")]),
+    ("Replace 'a' with 'b' and rename c to d.", [("a", "b")]),
+    ('Replace "localhost" with "0.0.0.0" in the tests.', []),  # narrowed: wrong everywhere else
+    ("Replace the loop with a comprehension.", []),  # nothing quoted: no text given
+])
+def test_an_instruction_that_replaces_quoted_text_is_read(instruction, pairs):
+    assert replacements(instruction) == pairs
+
+
+def test_a_replacement_is_made_wherever_its_text_occurs_before_the_renames():
+    text = 'url = "http://localhost:80"  # localhost only\nhost = old_host("localhost")\n'
+    r = predict(text, 'Replace "localhost" with "0.0.0.0" and rename old_host to new_host.', "net.py")
+    assert r is not None and r.old == ("old_host",)
+    assert r.text == text.replace("localhost", "0.0.0.0").replace("old_host", "new_host")
+    assert predict(text, 'Replace "nowhere" with "x".', "net.py") is None
 
 
 SOURCE = '''"""Items: an Item is a thing in stock."""

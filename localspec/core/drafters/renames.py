@@ -4,9 +4,11 @@ prediction instead of the file, so a rename is drafted before the target has wri
 even once, instead of breaking a long draft at its first site and stopping drafts at
 the next ones until the change has been seen twice.
 
-Only renames are read ("Rename the class Item to Product", "rename foo to bar",
+Renames are read ("Rename the class Item to Product", "rename foo to bar",
 "rename the parameters lo and hi to low and high"): what they change is certain where
-the old name is code. Where it is prose (a comment, a docstring, a string that is not
+the old name is code. So are replacements of quoted text ("Replace `print(` with
+`log(`", "change all occurrences of "localhost" to "0.0.0.0""), made wherever the text
+occurs, and settings (settings.py), made after both. Where it is prose (a comment, a docstring, a string that is not
 the name alone) the model may or may not follow, so the prediction keeps the file's
 text there and the drafter learns from the output what it does with such places, as
 without a prediction. Which parts of a file are code comes from pygments' lexer for the
@@ -38,6 +40,17 @@ symbols name names member members column columns global globals local locals
 _LIST_SEP = re.compile(r"\s*,\s*(?:and\s+)?|\s+and\s+")
 _TO = re.compile(r"\s+(?:to|as|into|->|→)\s+|\s*(?:->|→)\s*")
 _RENAME = re.compile(r"\brenam(?:e|ing)\b", re.IGNORECASE)
+_QUOTED = r"(`[^`\n]+`|\"[^\"\n]+\"|'[^'\n]+')"
+_REPLACE = re.compile(r"\b(?:replace|change)\s+(?:(?:all|every|each)\s+)?(?:(?:the\s+)?(?:occurrences?|instances?"
+                      r"|uses?|calls?|mentions?)\s+of\s+)?(?:the\s+)?" + _QUOTED
+                      + r"\s+(?:with|to|by|into|->|→)\s+" + _QUOTED, re.IGNORECASE)
+
+
+def replacements(instruction: str) -> list[tuple[str, str]]:
+    """The (old, new) texts an instruction replaces file-wide, both quoted in it ("Replace
+    `a` with `b`"); one narrowed to some places ("in the tests") is not read."""
+    return [(m.group(1)[1:-1], m.group(2)[1:-1]) for m in _REPLACE.finditer(instruction)
+            if m.group(1)[1:-1] != m.group(2)[1:-1] and settings.whole_file(instruction[m.end():])]
 
 
 def _names(phrase: str) -> list[str] | None:
@@ -128,12 +141,15 @@ def _rename(text: str, pairs: list[tuple[str, str]], prose: list[tuple[int, int]
 
 
 def predict(text: str, instruction: str, filename: str | None = None) -> Renaming | None:
-    """`text` as the instruction's renames and settings (settings.py) leave it where
-    they touch code; None where the instruction makes neither, or makes no change to
-    the text."""
-    pairs = parse(instruction)
-    if not pairs and not settings.parse(instruction):
+    """`text` as the instruction's replacements, renames and settings (settings.py)
+    leave it where they touch code (a replacement: wherever its text occurs); None where
+    the instruction makes none of them, or makes no change to the text."""
+    pairs, swaps = parse(instruction), replacements(instruction)
+    if not pairs and not swaps and not settings.parse(instruction):
         return None
+    original = text
+    for old, new in swaps:
+        text = text.replace(old, new)
     prose = _prose_spans(text, filename)
     if prose is None:
         return None
@@ -141,10 +157,10 @@ def predict(text: str, instruction: str, filename: str | None = None) -> Renamin
     if renamed is not None:
         text = renamed
         prose = _prose_spans(text, filename) or []
-    changed = settings.apply(text, instruction, prose, filename)
-    if changed is None and renamed is None:
+    text = settings.apply(text, instruction, prose, filename) or text
+    if text == original:
         return None
-    return Renaming(changed or text, tuple(o for o, _ in pairs) if renamed is not None else ())
+    return Renaming(text, tuple(o for o, _ in pairs) if renamed is not None else ())
 
 
 class Predicted:

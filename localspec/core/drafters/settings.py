@@ -26,16 +26,14 @@ _SET = re.compile(r"\bset\s+(?:the\s+)?(?:value\s+of\s+)?(?:(?:key|field|option|
 _CHANGE = re.compile(r"\b(increase|increment|raise|bump|decrease|decrement|lower|reduce)\s+"
                      r"(?:(?:every|all|each|the)\s+)?(?:(?:of\s+)?the\s+)?" + _KEY + r"\s+by\s+(\d+)\b",
                      re.IGNORECASE)
+_ADD = re.compile(r"\badd\s+(?:(?:a|an|the)\s+)?(?:new\s+)?(?:(?:key|field|entry|property|member)\s+)?"
+                  + _KEY + r"\s*(?::|=|\s+with\s+(?:the\s+)?value\s+|\s+set\s+to\s+)\s*" + _VALUE
+                  + r"\s+to\s+(?:every|all|each)\s+(?:of\s+the\s+)?([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 # what may follow the change in its sentence and keep it whole-file
 _EVERYWHERE = re.compile(r"^(?:\s*(?:in|for|of|on|across|throughout)\s+(?:every|all|each|any)\b"
                          r"|\s*(?:everywhere|throughout|globally)\b|\s*(?:and|[,;.!]|$))", re.IGNORECASE)
 _LITERAL = r"(\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?\b|[A-Za-z_][A-Za-z0-9_.-]*)"
 _WORDS = {"true", "false", "null", "none", "yes", "no", "on", "off"}
-
-
-_ADD = re.compile(r"\badd\s+(?:(?:a|an|the)\s+)?(?:new\s+)?(?:(?:key|field|entry|property|member)\s+)?"
-                  + _KEY + r"\s*(?::|=|\s+with\s+(?:the\s+)?value\s+|\s+set\s+to\s+)\s*" + _VALUE
-                  + r"\s+to\s+(?:every|all|each)\s+(?:of\s+the\s+)?([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 
 
 class Setting(NamedTuple):
@@ -49,7 +47,7 @@ class Setting(NamedTuple):
     within: str = ""
 
 
-def _whole_file(rest: str) -> bool:
+def whole_file(rest: str) -> bool:
     """Whether what follows a change in the instruction leaves it file-wide."""
     return _EVERYWHERE.match(rest) is not None
 
@@ -59,10 +57,10 @@ def parse(instruction: str) -> list[Setting]:
     is sure of."""
     out = []
     for m in _SET.finditer(instruction):
-        if _whole_file(instruction[m.end():]):
+        if whole_file(instruction[m.end():]):
             out.append(Setting(m.group(1), value=m.group(2)))
     for m in _CHANGE.finditer(instruction):
-        if _whole_file(instruction[m.end():]):
+        if whole_file(instruction[m.end():]):
             sign = -1 if m.group(1).lower() in ("decrease", "decrement", "lower", "reduce") else 1
             out.append(Setting(m.group(2), by=sign * int(m.group(3))))
     out += [Setting(m.group(1), value=m.group(2), within=m.group(3)) for m in _ADD.finditer(instruction)]
