@@ -53,6 +53,8 @@ def test_a_replacement_is_made_wherever_its_text_occurs_before_the_renames():
     assert r is not None and r.old == ("old_host",)
     assert r.text == text.replace("localhost", "0.0.0.0").replace("old_host", "new_host")
     assert predict(text, 'Replace "nowhere" with "x".', "net.py") is None
+    # a word is replaced as a whole word, not inside other words
+    assert predict("a = data[a]\n", "Replace `a` with `b`.", "x.py").text == "b = data[b]\n"
 
 
 SOURCE = '''"""Items: an Item is a thing in stock."""

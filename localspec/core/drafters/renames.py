@@ -148,8 +148,9 @@ def predict(text: str, instruction: str, filename: str | None = None) -> Renamin
     if not pairs and not swaps and not settings.parse(instruction):
         return None
     original = text
-    for old, new in swaps:
-        text = text.replace(old, new)
+    for old, new in swaps:  # a word as a whole word, other text wherever it occurs
+        text = re.sub(r"(?<!\w)" + re.escape(old) + r"(?!\w)" if re.fullmatch(r"\w+", old) else re.escape(old),
+                      lambda m, new=new: new, text)
     prose = _prose_spans(text, filename)
     if prose is None:
         return None
