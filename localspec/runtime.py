@@ -164,10 +164,10 @@ def _notice(message: str) -> None:
 
 
 def predict_edit(target: Model, extra: Sequence[int], instruction: str,
-                    filename: str | None) -> tuple[list[int], tuple[str, ...]] | None:
-    """The file `extra` (its tokens) as an edit's `instruction` renames it and sets its
-    keys, in the target's tokens, and the old names (renames.py, settings.py); None
-    where it foretells no change."""
+                 filename: str | None) -> tuple[list[int], tuple[str, ...]] | None:
+    """The file `extra` (its tokens) as an edit's `instruction` foretells it (its
+    replacements, renames and settings made), in the target's tokens, and the old names
+    (renames.py, settings.py); None where it foretells no change."""
     if not instruction or not extra:
         return None
     renaming = renames.predict(target.detokenize(extra), instruction, filename)
@@ -202,7 +202,7 @@ def make_drafter(
     for later ones (the server's requests); `costs` (auto only): verify costs taken as
     given, neither timed nor stored, in place of the profile (tests whose drafting must
     not hang on this machine's load while they run); `instruction` and `filename`: an
-    edit's, whose renames the n-gram drafter copies ahead (renames.py)."""
+    edit's, whose foretold changes the n-gram drafter copies ahead (predict_edit)."""
     if spec.mode is SpecMode.NONE:
         return NoDrafter()
     # the tokens' texts let a copy followed across a rename stop before its other spellings

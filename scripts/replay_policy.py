@@ -47,8 +47,8 @@ on), plain rounds where the n-gram had a match.
 
 `pieces` adds the tokens' texts to traces recorded without them (the n-gram drafter is
 given the target's, as in `localspec edit`: a rename's other spellings), and an edit's
-prediction where its instruction renames something (renames.py: the file renamed, which
-the n-gram drafter copies in place of the file, as in `localspec edit`); `record` and
+prediction where its instruction foretells changes (renames.py: the file so changed,
+which the n-gram drafter copies in place of the file, as in `localspec edit`); `record` and
 `synth` store both.
 
 `synth` writes edit traces without decoding: each task of the JSONL names, beside "file"
@@ -113,9 +113,10 @@ def record(path: str, target: str, draft: str, prompts: str | None = None,
 
 
 def add_prediction(t, tr: dict) -> None:
-    """An edit trace's prediction, where its instruction renames something or sets a
-    key: the file so changed, in the target's tokens ("predicted") and the old names ("renamed"), as
-    `localspec edit` gives them to the n-gram drafter (runtime.predict_edit)."""
+    """An edit trace's prediction, where its instruction foretells changes (renames,
+    replacements, settings): the file so changed, in the target's tokens ("predicted"),
+    and the old names ("renamed"), as `localspec edit` gives them to the n-gram drafter
+    (runtime.predict_edit)."""
     from localspec.runtime import predict_edit
 
     renaming = predict_edit(t, tr["extra"], tr.get("instruction", ""), tr.get("file") or None)

@@ -222,7 +222,7 @@ def token_text(tr: dict):
 def trace_ngram(tr: dict, sizes: tuple[int, int]) -> NgramDrafter:
     """The n-gram drafter a trace's generation ran with: its `extra` text to copy and,
     where the trace has them, the tokens' texts (as the runtime gives the target's) and
-    the instruction's renames applied to the text ("predicted", "renamed": renames.py)."""
+    the instruction's foretold changes made to the text ("predicted", "renamed": renames.py)."""
     return NgramDrafter(*sizes, extra=tr["extra"], text=token_text(tr), prediction=tr.get("predicted"),
                         renamed=tr.get("renamed", ()))
 

@@ -75,7 +75,8 @@ PRIOR = (0.2, 0.35, 0.5, 0.6, 0.75, 0.85, 0.9, 0.93, 0.95, 0.96, 0.97, 0.97, 0.9
 # breaks where the edit changes something, and otherwise holds from its first tokens on
 COPY_PRIOR = (0.5, 0.6, 0.65, 0.8, 0.85, 0.9, 0.93, 0.94, 0.95, 0.96, 0.96, 0.97, 0.98,
               0.985, 0.99, 0.99, 0.995, 0.995)
-# ... where that text is a prediction of the output (an edit's renames made: renames.py):
+# ... where that text is a prediction of the output (an edit's foretold changes made:
+# renames.py; the figures below are the renames'):
 # such a copy breaks only where the model does more or other than the instruction says,
 # so at each age half as often as a copy of the file. Replayed on the edit corpus and the
 # model's own outputs on four CPUs' curves (docs/measurements.md): a quarter gained more

@@ -83,7 +83,7 @@ class CopyAge:
     def reset(self, n_context: int, copying: bool = False, predicted: bool = False) -> None:
         """A new generation: follow nothing yet; counts carry over (same traffic). The
         prior is COPY_PRIOR where the generation is expected to copy a given text, and
-        PREDICTED_PRIOR where that text is a prediction of it (an edit's renames made)."""
+        PREDICTED_PRIOR where that text is a prediction of it (an edit's foretold changes made)."""
         self.tracks, self.seen = [], n_context
         prior = (PREDICTED_PRIOR if predicted else COPY_PRIOR) if copying else PRIOR
         if prior is not self.prior:

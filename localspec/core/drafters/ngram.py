@@ -31,8 +31,8 @@ three periods of a loop (a small model repeating a line, a run of equal rows), g
 repeating the loop up to k tokens, as an overlapping copy does, instead of stopping at
 the end of the context (a draft of one period).
 
-Given a `prediction` of the output (an edit's file with the instruction's renames
-applied: renames.py), the drafter copies it in place of the file: a match in the
+Given a `prediction` of the output (an edit's file with the changes its instruction
+foretells made: renames.py), the drafter copies it in place of the file: a match in the
 prompt's copy of the file is taken up at the same place of the prediction, and the old
 names it kept (in prose) are unsure until the output has shown what it does there."""
 
@@ -239,8 +239,8 @@ class NgramDrafter(DrafterBase):
             raise ValueError("need 1 <= ngram_min <= ngram_max")
         self.sizes = range(ngram_min, ngram_max + 1)
         self.extra = _Index(self.sizes)
-        # a prediction of the output (the file with an instruction's renames applied:
-        # renames.py) is copied in place of `extra`; a match in the prompt's copy of
+        # a prediction of the output (the file with an instruction's foretold changes
+        # made: renames.py) is copied in place of `extra`; a match in the prompt's copy of
         # `extra` is taken up at the same place of the prediction
         self.extra.extend(prediction if prediction else extra)
         self._predicted = Predicted(extra, prediction) if prediction else None

@@ -6,14 +6,14 @@ the next ones until the change has been seen twice.
 
 Renames are read ("Rename the class Item to Product", "rename foo to bar",
 "rename the parameters lo and hi to low and high"): what they change is certain where
-the old name is code. So are replacements of quoted text ("Replace `print(` with
-`log(`", "change all occurrences of "localhost" to "0.0.0.0""), made wherever the text
-occurs, and settings (settings.py), made after both. Where it is prose (a comment, a docstring, a string that is not
+the old name is code. Where it is prose (a comment, a docstring, a string that is not
 the name alone) the model may or may not follow, so the prediction keeps the file's
 text there and the drafter learns from the output what it does with such places, as
 without a prediction. Which parts of a file are code comes from pygments' lexer for the
 file's name; a file no lexer knows (or a file read from stdin) is taken as code
-throughout. The target verifies every draft: a wrong prediction costs a rejected draft,
+throughout. Replacements of quoted text ("Replace `print(` with `log(`", "change all
+occurrences of "localhost" to "0.0.0.0"") are made first, wherever the text occurs;
+settings (settings.py) after the renames. The target verifies every draft: a wrong prediction costs a rejected draft,
 never a wrong output.
 """
 
@@ -94,11 +94,22 @@ def parse(instruction: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _prose_spans(text: str, filename: str | None) -> list[tuple[int, int]] | None:
-    """(start, end) of the file's prose by pygments' lexer for its name: comments, and
-    strings other than a name alone (`__all__`'s entries, a JSON key are code); none
-    where no lexer knows the file; None where the lexer failed on it (no prediction
-    then: an edit never fails for want of one)."""
+class _Prose:
+    """A file's prose: `pos in prose` where a position is inside one of its spans."""
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        self.spans, self.starts = spans, [s for s, _ in spans]
+
+    def __contains__(self, pos: object) -> bool:
+        i = bisect.bisect_right(self.starts, pos) - 1
+        return i >= 0 and self.spans[i][0] <= pos < self.spans[i][1]
+
+
+def _prose_spans(text: str, filename: str | None) -> _Prose | None:
+    """The file's prose by pygments' lexer for its name: comments, and strings other
+    than a name alone (`__all__`'s entries, a JSON key are code); none where no lexer
+    knows the file; None where the lexer failed on it (no prediction then: an edit never
+    fails for want of one)."""
     from pygments.lexers import get_lexer_for_filename
     from pygments.token import Comment, String
     from pygments.util import ClassNotFound
@@ -106,16 +117,16 @@ def _prose_spans(text: str, filename: str | None) -> list[tuple[int, int]] | Non
     try:
         lexer = get_lexer_for_filename(filename or "", stripnl=False, ensurenl=False)
     except ClassNotFound:
-        return []
+        return _Prose([])
     try:
-        return [(start, start + len(value)) for start, kind, value in lexer.get_tokens_unprocessed(text)
-                if kind in Comment or (kind in String and _NAME_ALONE.fullmatch(value) is None)]
+        return _Prose([(start, start + len(value)) for start, kind, value in lexer.get_tokens_unprocessed(text)
+                       if kind in Comment or (kind in String and _NAME_ALONE.fullmatch(value) is None)])
     except Exception:  # a third-party lexer's bug on an odd file
         return None
 
 
 class Renaming(NamedTuple):
-    """A file as an instruction's renames leave it where the old names are code (`text`),
+    """A file as an instruction's replacements, renames and settings leave it (`text`),
     and the old names (`old`: where the prediction kept one, in prose, the drafter
     stops before it until the output has shown what it does there)."""
 
@@ -123,17 +134,15 @@ class Renaming(NamedTuple):
     old: tuple[str, ...]
 
 
-def _rename(text: str, pairs: list[tuple[str, str]], prose: list[tuple[int, int]]) -> str | None:
+def _rename(text: str, pairs: list[tuple[str, str]], prose: _Prose) -> str | None:
     """`text` with the renames made where the old names are code (whole words, case as
     written); None where no old name occurs as code."""
     new = dict(pairs)
     pattern = re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, sorted(new, key=len, reverse=True)))
                          + r")(?![A-Za-z0-9_])")
-    starts = [s for s, _ in prose]
     out, pos = [], 0
     for m in pattern.finditer(text):
-        i = bisect.bisect_right(starts, m.start()) - 1
-        if i >= 0 and prose[i][0] <= m.start() < prose[i][1]:
+        if m.start() in prose:
             continue  # prose: the model decides, the drafter learns what it did
         out += [text[pos:m.start()], new[m.group(0)]]
         pos = m.end()
@@ -144,8 +153,8 @@ def predict(text: str, instruction: str, filename: str | None = None) -> Renamin
     """`text` as the instruction's replacements, renames and settings (settings.py)
     leave it where they touch code (a replacement: wherever its text occurs); None where
     the instruction makes none of them, or makes no change to the text."""
-    pairs, swaps = parse(instruction), replacements(instruction)
-    if not pairs and not swaps and not settings.parse(instruction):
+    pairs, swaps, wanted = parse(instruction), replacements(instruction), settings.parse(instruction)
+    if not pairs and not swaps and not wanted:
         return None
     original = text
     for old, new in swaps:  # a word as a whole word, other text wherever it occurs
@@ -157,8 +166,9 @@ def predict(text: str, instruction: str, filename: str | None = None) -> Renamin
     renamed = _rename(text, pairs, prose) if pairs else None
     if renamed is not None:
         text = renamed
-        prose = _prose_spans(text, filename) or []
-    text = settings.apply(text, instruction, prose, filename) or text
+        if wanted:  # the renames moved the prose
+            prose = _prose_spans(text, filename) or _Prose([])
+    text = settings.apply(text, wanted, prose, filename) or text
     if text == original:
         return None
     return Renaming(text, tuple(o for o, _ in pairs) if renamed is not None else ())

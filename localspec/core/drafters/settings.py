@@ -15,8 +15,8 @@ never a wrong output: the target verifies every draft.
 
 from __future__ import annotations
 
-import bisect
 import re
+from collections.abc import Container
 from typing import NamedTuple
 
 _KEY = r"[`'\"]?([A-Za-z_][A-Za-z0-9_.-]*?)[`'\"]?"
@@ -98,14 +98,13 @@ def _objects(text: str) -> list[tuple[int, int, str | None]] | None:
     return out if not stack else None
 
 
-def _added(text: str, setting: Setting) -> list[tuple[int, str]]:
-    """(position, text) insertions that add the setting's key to each JSON object it
-    names, after the last member and in the object's own layout."""
-    objects = _objects(text)
+def _added(text: str, objects: list[tuple[int, int, str | None]], setting: Setting) -> list[tuple[int, str]]:
+    """(position, text) insertions that add the setting's key to each of the JSON text's
+    `objects` (`_objects`) it names, after the last member and in the object's own layout."""
     kind = setting.within.lower().rstrip("s")
     value = setting.value if setting.value[:1] != "'" else '"' + setting.value[1:-1] + '"'
     out = []
-    for start, close, held in objects or ():
+    for start, close, held in objects:
         body = text[start + 1:close]
         if held is None or held.lower().rstrip("s") != kind or not body.strip() \
                 or re.search(r'"' + re.escape(setting.key) + r'"\s*:', body):
@@ -148,17 +147,18 @@ def _render(setting: Setting, old: str, python: bool) -> str | None:
     return bare
 
 
-def apply(text: str, instruction: str, prose: list[tuple[int, int]], filename: str | None = None) -> str | None:
-    """`text` with the instruction's settings made where a key is assigned a value as
-    code (a key inside `prose` spans is left alone), and its added keys where the text
-    is JSON (by its name, or its first character where it has none); None where
+def apply(text: str, wanted: list[Setting], prose: Container[int], filename: str | None = None) -> str | None:
+    """`text` with the `wanted` settings (`parse`) made where a key is assigned a value
+    as code (a key at a position `in prose` is left alone), and the added keys where the
+    text is JSON (by its name, or its first character where it has none); None where
     nothing changes."""
     name = (filename or "").lower()
     python = name.endswith((".py", ".pyi", ".pyw"))
     is_json = name.endswith((".json", ".jsonc", ".json5")) or (not name and text.lstrip()[:1] in ("{", "["))
-    parsed = parse(instruction)
-    inserts = [add for s in parsed if s.within for add in _added(text, s)] if is_json else []
-    settings = {s.key: s for s in parsed if not s.within}
+    adds = [s for s in wanted if s.within]
+    objects = (_objects(text) or []) if adds and is_json else []
+    inserts = [add for s in adds for add in _added(text, objects, s)]
+    settings = {s.key: s for s in wanted if not s.within}
     for key, s in list(settings.items()):  # "every port" or "all ports"
         if key.endswith("s") and len(key) > 2:
             settings.setdefault(key[:-1], s)
@@ -166,11 +166,9 @@ def apply(text: str, instruction: str, prose: list[tuple[int, int]], filename: s
         return None
     keys = "|".join(map(re.escape, sorted(settings, key=len, reverse=True)))
     pattern = re.compile(r"(?<![A-Za-z0-9_.-])([\"']?)(" + keys + r")\1(\s*[:=]\s*)(?![=])" + _LITERAL)
-    starts = [s for s, _ in prose]
     edits = [(pos, pos, new) for pos, new in inserts]
     for m in pattern.finditer(text) if settings else ():
-        i = bisect.bisect_right(starts, m.start(2)) - 1  # the key itself: a lexer may split its quotes off
-        if i >= 0 and prose[i][0] <= m.start(2) < prose[i][1]:
+        if m.start(2) in prose:  # the key itself: a lexer may split its quotes off
             continue
         if python and bool(m.group(1)) == ("=" in m.group(3)):
             continue  # Python: `"key": v` and `key = v` set a key; `key: int` annotates
