@@ -8,13 +8,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from localspec import models
 from localspec.acceptance import logdb
 from localspec.core.backend import Model, supports_gpu_offload
 from localspec.core.compat import check_pair
 from localspec.core.config import LoadOptions, ModelConfig, SamplingConfig, SpecConfig, SpecMode
-from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter, renames
+from localspec.core.drafters import Drafter, HybridDrafter, NgramDrafter, NoDrafter, renames, sites
 from localspec.core.drafters.auto import AutoDrafter, Learned
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.draft_model import DraftBatch, ModelDrafter
@@ -163,17 +164,30 @@ def _notice(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+class EditPrediction(NamedTuple):
+    """An edit's file as its instruction foretells it, in the target's tokens: the
+    prediction (`tokens`), the old names it kept (`old`), and the tokens before which a
+    foretold change of unknown text goes in (`unsure`: positions in `tokens`)."""
+
+    tokens: list[int]
+    old: tuple[str, ...]
+    unsure: tuple[int, ...]
+
+
 def predict_edit(target: Model, extra: Sequence[int], instruction: str,
-                 filename: str | None) -> tuple[list[int], tuple[str, ...]] | None:
-    """The file `extra` (its tokens) as an edit's `instruction` foretells it (its
-    replacements, renames and settings made), in the target's tokens, and the old names
-    (renames.py, settings.py); None where it foretells no change."""
+                 filename: str | None) -> EditPrediction | None:
+    """The file `extra` (its tokens) as an edit's `instruction` foretells it: its
+    replacements, renames and settings made (renames.py, settings.py), and the sites of
+    its type hints and docstrings (sites.py); None where it foretells nothing."""
     if not instruction or not extra:
         return None
     renaming = renames.predict(target.detokenize(extra), instruction, filename)
     if renaming is None:
         return None
-    return target.tokenize(renaming.text, add_special=False, parse_special=False), renaming.old
+    tokens = target.tokenize(renaming.text, add_special=False, parse_special=False)
+    unsure = (sites.at_tokens([target.token_piece(t) for t in tokens], renaming.text, renaming.sites)
+              if renaming.sites else [])
+    return EditPrediction(tokens, renaming.old, tuple(unsure))
 
 
 def make_drafter(
@@ -210,7 +224,8 @@ def make_drafter(
             if extra and target is not None and hasattr(target, "token_piece") else None)
     renaming = predict_edit(target, extra, instruction, filename) if text is not None else None
     ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, extra, text=text,
-                         prediction=renaming[0] if renaming else None, renamed=renaming[1] if renaming else ())
+                         prediction=renaming.tokens if renaming else None,
+                         renamed=renaming.old if renaming else (), unsure=renaming.unsure if renaming else ())
     if spec.mode is SpecMode.NGRAM:
         return ngram
     model = (ModelDrafter(draft_model, sampling, spec.draft_p_min, seq=seq, batch=batch)

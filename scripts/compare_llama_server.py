@@ -359,7 +359,7 @@ def main() -> None:
                     help="run every variant this many times; the table shows each one's median run")
     ap.add_argument("--json", default=None, metavar="FILE", help="also save the numbers here")
     ap.add_argument("--unpredicted", action="store_true", help="also run localspec's default without "
-                    "the instruction's renames and settings drafted ahead (renames.py, settings.py), "
+                    "the instruction's foretold changes (renames.py, settings.py, sites.py), "
                     "right after it: the prediction's gain, side by side")
     args = ap.parse_args()
 

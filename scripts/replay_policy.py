@@ -114,14 +114,17 @@ def record(path: str, target: str, draft: str, prompts: str | None = None,
 
 def add_prediction(t, tr: dict) -> None:
     """An edit trace's prediction, where its instruction foretells changes (renames,
-    replacements, settings): the file so changed, in the target's tokens ("predicted"),
-    and the old names ("renamed"), as `localspec edit` gives them to the n-gram drafter
-    (runtime.predict_edit)."""
+    replacements, settings, type hints and docstrings): the file so changed, in the
+    target's tokens ("predicted"), the old names ("renamed") and the tokens before which
+    a change of unknown text goes in ("unsure"), as `localspec edit` gives them to the
+    n-gram drafter (runtime.predict_edit)."""
     from localspec.runtime import predict_edit
 
     renaming = predict_edit(t, tr["extra"], tr.get("instruction", ""), tr.get("file") or None)
+    for key in ("predicted", "renamed", "unsure"):
+        tr.pop(key, None)
     if renaming is not None:
-        tr["predicted"], tr["renamed"] = renaming[0], list(renaming[1])
+        tr["predicted"], tr["renamed"], tr["unsure"] = renaming.tokens, list(renaming.old), list(renaming.unsure)
 
 
 def token_pieces(t, tr: dict) -> dict[str, str]:

@@ -222,9 +222,10 @@ def token_text(tr: dict):
 def trace_ngram(tr: dict, sizes: tuple[int, int]) -> NgramDrafter:
     """The n-gram drafter a trace's generation ran with: its `extra` text to copy and,
     where the trace has them, the tokens' texts (as the runtime gives the target's) and
-    the instruction's foretold changes made to the text ("predicted", "renamed": renames.py)."""
+    the instruction's foretold changes made to the text ("predicted", "renamed": renames.py)
+    and the places it changes with text it does not give ("unsure": sites.py)."""
     return NgramDrafter(*sizes, extra=tr["extra"], text=token_text(tr), prediction=tr.get("predicted"),
-                        renamed=tr.get("renamed", ()))
+                        renamed=tr.get("renamed", ()), unsure=tr.get("unsure", ()))
 
 
 def replay_trace(tr: dict, v: list[float], c: float, args) -> dict[str, float]:

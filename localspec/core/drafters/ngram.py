@@ -39,7 +39,7 @@ names it kept (in prose) are unsure until the output has shown what it does ther
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -234,7 +234,8 @@ class NgramDrafter(DrafterBase):
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4, extra: Sequence[int] = (),
                  follow: bool = True, text: Callable[[int], str] | None = None,
-                 prediction: Sequence[int] | None = None, renamed: Sequence[str] = ()) -> None:
+                 prediction: Sequence[int] | None = None, renamed: Sequence[str] = (),
+                 unsure: Collection[int] = ()) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
         self.sizes = range(ngram_min, ngram_max + 1)
@@ -244,6 +245,9 @@ class NgramDrafter(DrafterBase):
         # `extra` is taken up at the same place of the prediction
         self.extra.extend(prediction if prediction else extra)
         self._predicted = Predicted(extra, prediction) if prediction else None
+        # positions of the prediction before which the instruction foretells a change of
+        # unknown text (sites.py): a draft copying it stops there
+        self.unsure = frozenset(unsure) if prediction else frozenset()
         self.ctx = _Index(self.sizes)
         self.follow = follow  # follow the copy of `extra` across changes (module docstring)
         words: dict[int, str | None] = {}
@@ -261,8 +265,9 @@ class NgramDrafter(DrafterBase):
 
     @property
     def predicting(self) -> bool:
-        """Whether the text copied is a prediction of the output (renames.py)."""
-        return self._predicted is not None
+        """Whether the text copied is a prediction of the output that differs from the
+        file (renames.py): not where only the sites of changes are foretold (sites.py)."""
+        return self._predicted is not None and self._predicted.changed
 
     @property
     def copying(self) -> bool:
@@ -339,19 +344,28 @@ class NgramDrafter(DrafterBase):
         if len(out) > REWRITE_SPAN + 2:
             self._follow = None
 
+    def _unsure_in(self, src: Sequence[int], p: int, n: int) -> bool:
+        """Whether the prediction's tokens p..p+n (at least p) hold a site of a foretold
+        change of unknown text (sites.py): a rule learned elsewhere applied there is a
+        guess, not a copy."""
+        return src is self.extra.tokens and any(q in self.unsure for q in range(p, p + max(1, n)))
+
     def _copy(self, src: Sequence[int], p: int, k: int, ruled: int = -1) -> tuple[list[int], int]:
         """Up to k tokens of `src` from p as the output is expected to write them: the
         learned rules and substitutions applied, up to the first unsure one; and the
         source position the copy reached."""
         out: list[int] = []  # `ruled`: where a rule was just applied (an insertion stays at its position)
+        unsure = self.unsure if src is self.extra.tokens else ()  # (one lookup per token)
         while len(out) < k and p < len(src):
             r = self.rules.at(src, p) if p != ruled else None
-            if r is None and p != ruled and self.rules.like(src, p) is not None:
-                break  # changed after another token: the target decides
+            if r is None and p != ruled and (p in unsure or self.rules.like(src, p) is not None):
+                break  # changed after another token, or foretold to change here: the target decides
             if r is not None:
                 if not r.sure:
                     break
                 out += r.y
+                if self._unsure_in(src, p, len(r.s)):  # the rule's text where the instruction's is unknown: a guess
+                    return out[:k], p + len(r.s)
                 p += len(r.s)
                 ruled = p
                 continue
@@ -408,7 +422,9 @@ class NgramDrafter(DrafterBase):
             index, start = found[0], found[1]
             if tuple(index.tokens[start : start + len(left)]) != left:
                 return None
-        rest, _ = self._copy(src, f.q0 + len(r.s), k, ruled=f.q0 + len(r.s))
+        rest = []
+        if not self._unsure_in(src, f.q0, len(r.s)):  # else the rule's text is a guess: the target decides
+            rest, _ = self._copy(src, f.q0 + len(r.s), k, ruled=f.q0 + len(r.s))
         return NgramDraft(tokens=[*r.y[len(out):], *rest][:k], source=self.name, run_len=f.held)
 
     def _looped(self, index: _Index, start: int, end: int, run: int, tokens: Sequence[int],

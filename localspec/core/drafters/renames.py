@@ -25,7 +25,7 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from localspec.core.drafters import settings
+from localspec.core.drafters import settings, sites
 
 _NAME = r"[`'\"]?([A-Za-z_][A-Za-z0-9_]*)[`'\"]?"
 _NAME_ALONE = re.compile(r"[\"']?[A-Za-z_][A-Za-z0-9_]*[\"']?")  # a string token holding a name alone
@@ -127,11 +127,14 @@ def _prose_spans(text: str, filename: str | None) -> _Prose | None:
 
 class Renaming(NamedTuple):
     """A file as an instruction's replacements, renames and settings leave it (`text`),
-    and the old names (`old`: where the prediction kept one, in prose, the drafter
-    stops before it until the output has shown what it does there)."""
+    the old names (`old`: where the prediction kept one, in prose, the drafter stops
+    before it until the output has shown what it does there), and where in `text` the
+    instruction changes it with text it does not give (`sites`: sites.py; a draft stops
+    before each)."""
 
     text: str
     old: tuple[str, ...]
+    sites: tuple[int, ...] = ()
 
 
 def _rename(text: str, pairs: list[tuple[str, str]], prose: _Prose) -> str | None:
@@ -151,11 +154,13 @@ def _rename(text: str, pairs: list[tuple[str, str]], prose: _Prose) -> str | Non
 
 def predict(text: str, instruction: str, filename: str | None = None) -> Renaming | None:
     """`text` as the instruction's replacements, renames and settings (settings.py)
-    leave it where they touch code (a replacement: wherever its text occurs); None where
-    the instruction makes none of them, or makes no change to the text."""
+    leave it where they touch code (a replacement: wherever its text occurs), and the
+    sites of the changes it foretells without their text (sites.py); None where the
+    instruction foretells nothing in this text."""
     pairs, swaps, wanted = parse(instruction), replacements(instruction), settings.parse(instruction)
     if not pairs and not swaps and not wanted:
-        return None
+        where = tuple(sites.sites(text, instruction, filename))
+        return Renaming(text, (), where) if where else None
     original = text
     for old, new in swaps:  # a word as a whole word, other text wherever it occurs
         text = re.sub(r"(?<!\w)" + re.escape(old) + r"(?!\w)" if re.fullmatch(r"\w+", old) else re.escape(old),
@@ -169,9 +174,10 @@ def predict(text: str, instruction: str, filename: str | None = None) -> Renamin
         if wanted:  # the renames moved the prose
             prose = _prose_spans(text, filename) or _Prose([])
     text = settings.apply(text, wanted, prose, filename) or text
-    if text == original:
+    where = tuple(sites.sites(text, instruction, filename))
+    if text == original and not where:
         return None
-    return Renaming(text, tuple(o for o, _ in pairs) if renamed is not None else ())
+    return Renaming(text, tuple(o for o, _ in pairs) if renamed is not None else (), where)
 
 
 class Predicted:
@@ -184,6 +190,7 @@ class Predicted:
         self.original = list(original)
         ops = difflib.SequenceMatcher(None, self.original, list(prediction), autojunk=False).get_opcodes()
         self.ops = [(i1, i2, j1, tag == "equal") for tag, i1, i2, j1, _ in ops]
+        self.changed = any(not equal for *_, equal in self.ops)  # whether it differs at all
         self.starts = [op[0] for op in self.ops]
         self.copy = (0, 0, 0)  # (prompt position, original position, length) of the copy
 
