@@ -576,3 +576,76 @@ def test_the_runtime_gives_the_copying_drafter_the_targets_token_texts():
     d = following(d, out)
     assert d.draft([*prompt, *out[:80]], 40).tokens == out[80:100]
     assert make_drafter(SpecConfig(mode="ngram"), SamplingConfig(), None, (), target).subs.word is None
+
+
+# a source token the output may write in other pieces: `):\n` as `)` then `:\n`, or with a
+# type hint inserted inside it (`)`, ` ->`, ` str`, `:\n`); other tokens spell their number
+PIECES = {50: "):\n", 51: ")", 52: ":\n", 53: " ->", 54: " str", 55: "    ", 56: '"""', 58: ":"}
+
+
+def pieces_text(t: int) -> str:
+    return PIECES.get(t, f"w{t}")
+
+
+def split_file(written=(51, 52), seed: int = 0, n: int = 200, site: int = 100):
+    """(source, output): random word tokens with `):\n` at `site`, which the output
+    writes as the `written` tokens."""
+    rng = random.Random(seed)
+    src = [rng.randrange(100, 400) for _ in range(n)]
+    src[site] = 50
+    out = src[:site] + list(written) + src[site + 1:]
+    return src, out
+
+
+@pytest.mark.parametrize("written", [(51, 52), (51, 53, 54, 52), (58, 54, 51, 53, 54, 52)],
+                         ids=["same text", "hint inside", "hints before and inside"])
+def test_a_copy_goes_on_where_the_output_wrote_a_source_token_in_other_pieces(written):
+    """Given the tokens' texts, where the output writes `):\n` as `)` and `:\n`, or puts
+    ` -> str` between them, or `: str` before them too (a change begun with a token that
+    is no piece of it), the copy goes on after `):\n` as soon as `:\n` is written, as
+    old as it was; without the texts it waits for two more tokens that agree."""
+    src, out = split_file(written)
+    prompt = [1, 2]
+    end = 100 + len(written)  # the output's tokens up to and including `:\n`
+    d = following(NgramDrafter(3, 12, extra=src, text=pieces_text), out)
+    feed(d, prompt, out, end)
+    draft = d.draft([*prompt, *out[:end]], 20)
+    assert draft.tokens == src[101:121] and draft.run_len > 90
+    blind = following(NgramDrafter(3, 12, extra=src), out)
+    feed(blind, prompt, out, end)
+    assert blind.draft([*prompt, *out[:end]], 20).tokens == []
+
+
+def test_inside_a_split_source_token_a_match_elsewhere_is_not_drafted():
+    """After the output wrote `)` of `):\n` (where a change may begin), a younger n-gram
+    match elsewhere in the source that goes on after `)` is not drafted: the target
+    decides how the token goes on."""
+    src, out = split_file((51, 53, 54, 52))
+    src[40:43] = [src[98], src[99], 51]  # the same three tokens earlier, going on otherwise
+    out[40:43] = src[40:43]
+    prompt = [1, 2]
+    d = following(NgramDrafter(3, 12, extra=src, text=pieces_text), out)
+    feed(d, prompt, out, 101)
+    assert d.draft([*prompt, *out[:101]], 20).tokens == []
+    blind = following(NgramDrafter(3, 12, extra=src), out)
+    feed(blind, prompt, out, 101)
+    assert blind.draft([*prompt, *out[:101]], 20).tokens == src[43:63]
+
+
+def test_a_copy_is_not_taken_up_where_two_tokens_of_spaces_and_quotes_recur():
+    """A change ends where the output's last two tokens go on with the source after it,
+    but not two tokens of only spaces and quotes further on (an indent and a docstring's
+    quotes recur everywhere): where the output inserted a docstring, the copy is not
+    taken up at the source's next docstring (its words are not what the output writes
+    next)."""
+    rng = random.Random(3)
+    src = [rng.randrange(100, 400) for _ in range(200)]
+    src[108:110] = [55, 56]  # the source's next docstring, 8 tokens after the change
+    out = src[:100] + [60, 55, 56, 61, 62, 63] + src[100:]  # a docstring inserted at 100
+    prompt = [1, 2]
+    d = following(NgramDrafter(3, 12, extra=src, text=pieces_text), out)
+    feed(d, prompt, out, 103)
+    assert d.draft([*prompt, *out[:103]], 20).tokens == []
+    blind = following(NgramDrafter(3, 12, extra=src), out)
+    feed(blind, prompt, out, 103)
+    assert blind.draft([*prompt, *out[:103]], 20).tokens == src[110:130]

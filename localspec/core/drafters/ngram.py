@@ -23,8 +23,15 @@ value), until the output has kept such a place SURE times. Given the tokens' tex
 (`text`), a draft also stops before a source token that holds a word the output renamed
 elsewhere in another token ("(lo" and "'lo" once " lo" became " low"), until the output
 has kept that token SURE times: a rename reaches every spelling of its word, and a draft
-broken there costs all the tokens drafted past it. The target verifies every draft, so
-this changes only what is proposed.
+broken there costs all the tokens drafted past it. With the texts, the copy is also
+followed where the output writes a source token's text in other pieces (`)` then `:\n`
+for `):\n`: a model tokenizes what it writes after a change otherwise than the file was
+tokenized), or begins a change inside one (`)`, ` -> str`, `:\n`): the copy goes on
+after that token, as old as it was, once the output has written the rest of its text;
+till then a match elsewhere is not drafted, the target decides. A change also ends where
+the output's token is the end of the source token it began in or of the next one
+(`: str) -> bool:\n` for `):\n`). The target verifies every draft, so this changes only
+what is proposed.
 
 A copy of the context itself that reaches the context's end, where the context ends in
 three periods of a loop (a small model repeating a line, a run of equal rows), goes on
@@ -104,7 +111,7 @@ class _Follow:
     the copy resumed after a rename is as old as it was: auto drafts it long at once),
     `pending` a mismatch (source token, output token) not confirmed yet."""
 
-    __slots__ = ("index", "q", "run", "pending", "held", "changed", "q0")
+    __slots__ = ("index", "q", "run", "pending", "held", "changed", "q0", "rest", "split")
 
     def __init__(self, index: _Index, q: int, run: int) -> None:
         self.index, self.q, self.run = index, q, run
@@ -114,6 +121,10 @@ class _Follow:
         # position q0, until the output goes on with the source (`_Rules`)
         self.changed: list[int] | None = None
         self.q0 = 0
+        # the output wrote the start of source token q's text in other tokens (`)` of
+        # `):\n`): `rest` is the text of it still to come, `split` the output's tokens so far
+        self.rest: str | None = None
+        self.split: list[int] = []
 
 
 class _Substitutions:
@@ -262,6 +273,14 @@ class NgramDrafter(DrafterBase):
             self.subs.renamed.update(renamed)
         self.rules = _Rules()
         self._follow: _Follow | None = None
+        texts: dict[int, str] = {}
+
+        def piece(token: int) -> str:
+            if token not in texts:
+                texts[token] = text(token)
+            return texts[token]
+
+        self._text = piece if text is not None else None
 
     @property
     def predicting(self) -> bool:
@@ -302,6 +321,9 @@ class NgramDrafter(DrafterBase):
         if f.q >= len(src):
             self._follow = None
             return
+        if f.rest is not None:
+            self._splitting(f, tok)
+            return
         if tok == src[f.q] and f.pending is None:
             if (r := self.rules.at(src, f.q)) is not None:
                 r.kept += 1  # a rule's place, where the output kept the source
@@ -317,12 +339,46 @@ class NgramDrafter(DrafterBase):
         elif f.pending is None and (r := self.rules.site(src, f.q)) is not None and r.y[:1] == (tok,) \
                 and len(r.y) > 1:  # a change seen here before begins again: follow it as one
             f.changed, f.q0, f.held = [tok], f.q, f.run
+        elif f.pending is None and self._begins(src[f.q], tok):  # the source token in smaller pieces
+            f.rest, f.split, f.held = self._text(src[f.q])[len(self._text(tok)):], [tok], f.run
+            f.run += 1
         elif f.pending is None:  # taken for one token in place of one: resume after it
             f.pending, f.held = (src[f.q], tok), f.run
             f.q += 1
             f.run = 0
         else:  # more than one for one: watch for the output going on with the source
             f.changed, f.q0, f.pending = [f.pending[1], tok], f.q - 1, None
+
+    def _wordy(self, tokens: Sequence[int]) -> bool:
+        """Whether the tokens' text holds a letter or digit (or their texts are not known):
+        two tokens of only spaces and quotes (an indent, a docstring's quotes) recur everywhere,
+        and a copy taken up where they recur in the source is taken up by chance."""
+        return self._text is None or any(ch.isalnum() for t in tokens for ch in self._text(t))
+
+    def _begins(self, source: int, tok: int) -> bool:
+        """Whether output token `tok`'s text is a proper start of source token `source`'s
+        (`)` of `):\n`: the model wrote the same text in other pieces, or began a change
+        inside it)."""
+        if self._text is None:
+            return False
+        a, b = self._text(tok), self._text(source)
+        return 0 < len(a) < len(b) and b.startswith(a)
+
+    def _splitting(self, f: _Follow, tok: int) -> None:
+        """The output goes on inside source token q: with the rest of its text (the copy
+        goes on after it, as old as it was), with a further piece of it, or with a change
+        begun inside it (`)` then ` -> str` where the source has `):\n`): followed as a
+        change of that token that ends where the output writes the rest of its text."""
+        t = self._text(tok)
+        if t == f.rest:
+            f.q, f.run, f.rest, f.split = f.q + 1, f.run + 1, None, []
+        elif f.rest.startswith(t):
+            f.rest = f.rest[len(t):]
+            f.split.append(tok)
+            f.run += 1
+        else:
+            f.changed, f.q0 = [*f.split, tok], f.q
+            f.run, f.split = 0, []
 
     def _changing(self, f: _Follow, tok: int) -> None:
         """A change longer than one for one goes on, or ends where the output's last two
@@ -331,16 +387,31 @@ class NgramDrafter(DrafterBase):
         REWRITE_SPAN + 2 output tokens the n-gram lookup has to find the copy again."""
         src, out = f.index.tokens, f.changed
         out.append(tok)
+        if f.rest is not None:  # begun inside source token q0: it ends with the rest of its text
+            if self._text(tok) == f.rest:
+                if f.q0 > 0 and f.q0 + 1 < len(src):
+                    self.rules.learn(src[f.q0 - 1], (src[f.q0],), src[f.q0 + 1], tuple(out))
+                f.q, f.run, f.changed, f.rest = f.q0 + 1, f.held + len(out), None, None
+                return
+            if len(out) > REWRITE_SPAN + 2:
+                f.rest = None  # no end inside the token: look for the source after it
         r = self.rules.site(src, f.q0)
         if r is not None and len(out) <= len(r.y) + 1 and tuple(out[: len(r.y)]) == r.y[: len(out)]:
             return  # a change seen here before, under way: its end is known, not guessed
         for m in range(min(REWRITE_SPAN, len(src) - f.q0 - 2) + 1):
             p = f.q0 + m
-            if out[-2] == src[p] and out[-1] == src[p + 1]:
+            if out[-2] == src[p] and out[-1] == src[p + 1] and (m == 0 or self._wordy(out[-2:])):
                 if f.q0 > 0:
                     self.rules.learn(src[f.q0 - 1], tuple(src[f.q0 : p]), src[p], tuple(out[:-2]))
-                f.q, f.run, f.changed = p + 2, f.held + len(out), None
+                f.q, f.run, f.changed, f.rest = p + 2, f.held + len(out), None, None
                 return
+        if self._text is not None and len(t := self._text(tok)) >= 2 and t.strip():
+            for p in range(f.q0, min(f.q0 + 2, len(src) - 1)):
+                if self._text(src[p]).endswith(t) and tok != src[p]:  # ends inside another piece of text
+                    if f.q0 > 0:
+                        self.rules.learn(src[f.q0 - 1], tuple(src[f.q0 : p + 1]), src[p + 1], tuple(out))
+                    f.q, f.run, f.changed, f.rest = p + 1, f.held + len(out), None, None
+                    return
         if len(out) > REWRITE_SPAN + 2:
             self._follow = None
 
@@ -384,12 +455,16 @@ class NgramDrafter(DrafterBase):
         found = self._lookup(context, sub)
         f = self._follow
         if sub is not None and f is not None and f.q < len(f.index.tokens) and (
-                found is None or f.run >= found[3]) and f.pending is None and f.changed is None:
+                found is None or f.run >= found[3]) and f.pending is None and f.changed is None \
+                and f.rest is None:
             # the copy followed has held at least as long as the match (or there is none:
             # the output changed a token, and the next went on with the source after it)
             tokens, end = self._copy(f.index.tokens, f.q, k)
             tokens = self._looped(f.index, f.q, end, f.run, tokens, k)
             return NgramDraft(tokens=tokens, source=self.name, run_len=f.run)
+        if sub is not None and f is not None and f.rest is not None and f.changed is None and (
+                found is None or f.run >= found[3]):
+            return NgramDraft(source=self.name)  # inside a source token the output split: the target decides
         if sub is not None and f is not None and f.changed is not None:
             redo = self._redo(f, k, found)
             if redo is not None:
