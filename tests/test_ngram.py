@@ -580,7 +580,8 @@ def test_the_runtime_gives_the_copying_drafter_the_targets_token_texts():
 
 # a source token the output may write in other pieces: `):\n` as `)` then `:\n`, or with a
 # type hint inserted inside it (`)`, ` ->`, ` str`, `:\n`); other tokens spell their number
-PIECES = {50: "):\n", 51: ")", 52: ":\n", 53: " ->", 54: " str", 55: "    ", 56: '"""', 58: ":"}
+PIECES = {50: "):\n", 51: ")", 52: ":\n", 53: " ->", 54: " str", 55: "    ", 56: '"""', 58: ":",
+          59: ".'", 60: "''", 61: ")\n\n", 62: ".''", 63: "')\n\n"}
 
 
 def pieces_text(t: int) -> str:
@@ -614,6 +615,21 @@ def test_a_copy_goes_on_where_the_output_wrote_a_source_token_in_other_pieces(wr
     blind = following(NgramDrafter(3, 12, extra=src), out)
     feed(blind, prompt, out, end)
     assert blind.draft([*prompt, *out[:end]], 20).tokens == []
+
+
+def test_a_copy_goes_on_where_the_output_splits_the_source_text_across_its_tokens():
+    """The source's `.'` `''` `)\n\n` written as `.''` `')\n\n` (the same text, cut
+    elsewhere: a docstring's closing quotes) leaves the copy where it was, as old as it
+    was: the draft after them is the source after them."""
+    rng = random.Random(5)
+    src = [rng.randrange(100, 400) for _ in range(200)]
+    src[100:103] = [59, 60, 61]
+    out = src[:100] + [62, 63] + src[103:]
+    prompt = [1, 2]
+    d = following(NgramDrafter(3, 12, extra=src, text=pieces_text), out)
+    feed(d, prompt, out, 102)
+    draft = d.draft([*prompt, *out[:102]], 20)
+    assert draft.tokens == src[103:123] and draft.run_len > 90
 
 
 def test_inside_a_split_source_token_a_match_elsewhere_is_not_drafted():

@@ -24,9 +24,9 @@ value), until the output has kept such a place SURE times. Given the tokens' tex
 elsewhere in another token ("(lo" and "'lo" once " lo" became " low"), until the output
 has kept that token SURE times: a rename reaches every spelling of its word, and a draft
 broken there costs all the tokens drafted past it. With the texts, the copy is also
-followed where the output writes a source token's text in other pieces (`)` then `:\n`
-for `):\n`: a model tokenizes what it writes after a change otherwise than the file was
-tokenized), or begins a change inside one (`)`, ` -> str`, `:\n`): the copy goes on
+followed where the output writes the source's text in other pieces (`)` then `:\n`
+for `):\n`, `.''` `')\n\n` for `.'` `''` `)\n\n`: a model tokenizes what it writes
+otherwise than the file was tokenized), or begins a change inside a source token (`)`, ` -> str`, `:\n`): the copy goes on
 after that token, as old as it was, once the output has written the rest of its text;
 till then a match elsewhere is not drafted, the target decides. A change also ends where
 the output's token is the end of the source token it began in or of the next one
@@ -339,9 +339,9 @@ class NgramDrafter(DrafterBase):
         elif f.pending is None and (r := self.rules.site(src, f.q)) is not None and r.y[:1] == (tok,) \
                 and len(r.y) > 1:  # a change seen here before begins again: follow it as one
             f.changed, f.q0, f.held = [tok], f.q, f.run
-        elif f.pending is None and self._begins(src[f.q], tok):  # the source token in smaller pieces
-            f.rest, f.split, f.held = self._text(src[f.q])[len(self._text(tok)):], [tok], f.run
-            f.run += 1
+        elif f.pending is None and (w := self._walk(src, f.q, None, tok)) is not None:
+            f.held = f.run  # the source's text in other pieces (`)` of `):\n`, `.''` of `.'` `''`)
+            f.q, f.rest, f.split, f.run = *w, [tok] if w[1] is not None else [], f.run + 1
         elif f.pending is None:  # taken for one token in place of one: resume after it
             f.pending, f.held = (src[f.q], tok), f.run
             f.q += 1
@@ -355,27 +355,35 @@ class NgramDrafter(DrafterBase):
         and a copy taken up where they recur in the source is taken up by chance."""
         return self._text is None or any(ch.isalnum() for t in tokens for ch in self._text(t))
 
-    def _begins(self, source: int, tok: int) -> bool:
-        """Whether output token `tok`'s text is a proper start of source token `source`'s
-        (`)` of `):\n`: the model wrote the same text in other pieces, or began a change
-        inside it)."""
+    def _walk(self, src: Sequence[int], q: int, rest: str | None, tok: int) -> tuple[int, str | None] | None:
+        """Where output token `tok`'s text leaves the copy of `src` from token q (`rest`: the
+        text of src[q] still to come, None for all of it), as (q, rest) again; None where
+        its text is not the source's there (or the tokens' texts are not known). The same
+        text in other pieces: `)` of `):\n` leaves rest `:\n`, `.''` of `.'` `''` leaves `'`."""
         if self._text is None:
-            return False
-        a, b = self._text(tok), self._text(source)
-        return 0 < len(a) < len(b) and b.startswith(a)
+            return None
+        t = self._text(tok)
+        while t:
+            if q >= len(src):
+                return None
+            piece = self._text(src[q]) if rest is None else rest
+            if not piece or t.startswith(piece):
+                t, q, rest = t[len(piece):], q + 1, None
+            elif piece.startswith(t):
+                return q, piece[len(t):]
+            else:
+                return None
+        return q, rest
 
     def _splitting(self, f: _Follow, tok: int) -> None:
-        """The output goes on inside source token q: with the rest of its text (the copy
-        goes on after it, as old as it was), with a further piece of it, or with a change
-        begun inside it (`)` then ` -> str` where the source has `):\n`): followed as a
-        change of that token that ends where the output writes the rest of its text."""
-        t = self._text(tok)
-        if t == f.rest:
-            f.q, f.run, f.rest, f.split = f.q + 1, f.run + 1, None, []
-        elif f.rest.startswith(t):
-            f.rest = f.rest[len(t):]
-            f.split.append(tok)
-            f.run += 1
+        """The output goes on inside source token q: with the rest of its text and maybe
+        more of the source (the copy goes on, as old as it was), or with a change begun
+        inside it (`)` then ` -> str` where the source has `):\n`): followed as a change of
+        that token that ends where the output writes the rest of its text."""
+        w = self._walk(f.index.tokens, f.q, f.rest, tok)
+        if w is not None:
+            f.split = [*f.split, tok] if w[0] == f.q else ([tok] if w[1] is not None else [])
+            f.q, f.rest, f.run = *w, f.run + 1
         else:
             f.changed, f.q0 = [*f.split, tok], f.q
             f.run, f.split = 0, []
