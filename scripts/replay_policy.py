@@ -23,6 +23,9 @@ counts of an earlier pass over it) and two ceilings: the n-gram oracle (drafts e
 the prefix the target accepts, cut at the curve's cheap points) and a drafter that is
 always right.
 
+`hazard` prints how often the edit traces' copies break by run age (a copy of the file,
+and of an instruction's prediction of the output) beside the priors core/tuning.py holds.
+
 `record --prompts FILE` records other workloads (bench's JSONL format) instead, e.g.
 scripts/heldout/tasks.jsonl: five edits of this repository's files that no policy
 constant was tuned on, to check a change made for the built-in ones.
@@ -67,8 +70,12 @@ import sys
 
 import numpy as np
 
-from localspec.bench.replay import FIXED_K, replay_session, replay_trace, true_curve
+from rich.console import Console
+from rich.table import Table
+
+from localspec.bench.replay import FIXED_K, copy_hazard, replay_session, replay_trace, true_curve
 from localspec.core.config import ModelConfig, SpecConfig
+from localspec.core.tuning import COPY_PRIOR, EDGES, PREDICTED_PRIOR
 from localspec.profile import Profile
 
 
@@ -196,6 +203,22 @@ def report_sessions(paths: list[str], v: list[float], c: float, args) -> None:
                   f"  from 3: {_gm(later) if later else float('nan'):.2f}x")
 
 
+def report_hazard(paths: list[str], sizes: tuple[int, int]) -> None:
+    """How often edit copies break by run age (the priors of core/tuning.py beside it)."""
+    traces = [tr for path in paths for tr in json.load(open(path))]
+    rows = copy_hazard(traces, sizes)
+    table = Table(title=f"copies broken by run age, {len(traces)} traces")
+    for col in ("age", "copy n", "broke", "a", "prior", "pred. n", "broke", "a", "prior"):
+        table.add_column(col, justify="right")
+    for i, edge in enumerate(EDGES):
+        cells = [f"{edge}+"]
+        for kind, prior in (("copy", COPY_PRIOR), ("predicted", PREDICTED_PRIOR)):
+            n, broke = rows.get((kind, edge), (0, 0))
+            cells += [str(n), str(broke), f"{1 - broke / n:.4f}" if n else "-", f"{prior[i]:.4f}"]
+        table.add_row(*cells)
+    Console().print(table)
+
+
 def report_rounds(paths: list[str], v: list[float], c: float, args) -> None:
     """Per trace (edits only, n-gram only, the largest --k-max): auto's rounds that lost
     against the oracle, then its regret by kind of round."""
@@ -281,7 +304,7 @@ def measure_curve(path: str, target: str, n_max: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("record", "synth", "pieces", "vcurve", "replay", "rounds",
-                                       "record-sessions", "sessions"))
+                                       "record-sessions", "sessions", "hazard"))
     ap.add_argument("traces", nargs="+", help="trace files (vcurve: the output file)")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
@@ -344,6 +367,9 @@ def main() -> int:
         return 0
     if args.action == "vcurve":
         measure_curve(args.traces[0], args.model, args.n_max)
+        return 0
+    if args.action == "hazard":
+        report_hazard(args.traces, tuple(args.edit_ngram))
         return 0
     # the draft model's cost comes from the profile unless given, or unless there is no model
     profile = load(args) if args.curve == "profile" or (args.c is None and args.model) else None

@@ -217,3 +217,21 @@ def test_hindsight_knows_the_run_ages_of_an_earlier_pass(curve, monkeypatch):
     assert seen_first == 0 and seen_second > 0
     assert second.runs.reached is first.runs.reached and second.cost is not first.cost
     assert rp.oracle(tr, ng(), v, 64) <= t + 1e-9
+
+
+def test_copy_hazard_counts_each_change_as_one_break_of_a_copy():
+    """`replay_policy.py hazard`'s counts: every position the drafter drafts at, by the age
+    of its run; a change the output makes breaks the copy once (the first token of the
+    change; the tokens inserted after it have no draft, and the copy resumed after them
+    is young again). A copy of the file, not of a prediction of the output."""
+    rng = random.Random(4)
+    src = [rng.randrange(1000, 5000) for _ in range(300)]
+    out = src[:100] + [7000] + src[101:200] + [7001] + src[201:]  # two tokens replaced
+    tr = {"prompt": [1, 2, *src, 3], "ids": out, "extra": src, "tag": "edit"}
+    rows = rp.copy_hazard([tr, {**tr, "tag": "code"}], (3, 12))  # a trace not of an edit: skipped
+    assert {kind for kind, _ in rows} == {"copy"}
+    assert sum(broke for _, broke in rows.values()) == 2
+    drafted = sum(n for n, _ in rows.values())
+    assert len(out) - 10 <= drafted <= len(out)  # nearly every position drafts
+    old = [edge for (_, edge), (n, broke) in rows.items() if broke]
+    assert min(old) >= 65  # each break ends a run of ~100 tokens

@@ -6,6 +6,7 @@ only the cost is modelled (V(n) per verify of n tokens, c per draft-model token)
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import random
@@ -19,6 +20,7 @@ from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter, finished
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import AdaptiveK
+from localspec.core.tuning import AGE_CAP, EDGES
 from localspec.profile import LONG_CONTEXT, LONG_N_MAX, N_MAX, Profile, merge_online
 
 # the fixed k auto is judged against, adaptive and fixed (15 fixed: edit's old default)
@@ -293,3 +295,29 @@ def replay_session(session: dict, v: list[float], c: float, k_max: int = 64, noi
         rows.append({"request": i + 1, "tokens": len(req["ids"]), "auto": plain / auto,
                      "memory": plain / with_memory, "accepted": accepted})
     return rows
+
+
+def copy_hazard(traces: list[dict], sizes: tuple[int, int]) -> dict[tuple[str, int], list[int]]:
+    """How often an edit's n-gram copy breaks, by the age of the run it continues: at every
+    position of each edit trace's output, the drafter's next token (drafting at every
+    position, as the oracle asks) against the one the target wrote. Keyed by ("predicted",
+    or "copy" for a copy of the file itself; the first age of the run's bin in EDGES), as
+    [positions drafted at, breaks]."""
+    out: dict[tuple[str, int], list[int]] = {}
+    for tr in traces:
+        if tr.get("tag") != "edit":
+            continue
+        d = trace_ngram(tr, sizes)
+        prompt, ids = list(tr["prompt"]), tr["ids"]
+        d.begin(prompt)
+        for pos in range(len(ids)):
+            draft = d.draft(prompt + ids[:pos], 1)
+            if not draft.tokens:
+                continue
+            age = min(max(draft.run_len, draft.match_len), AGE_CAP)
+            edge = EDGES[max(0, bisect.bisect_right(EDGES, age) - 1)]
+            row = out.setdefault(("predicted" if d.predicting else "copy", edge), [0, 0])
+            row[0] += 1
+            row[1] += draft.tokens[0] != ids[pos]
+    return out
+
