@@ -234,3 +234,28 @@ def test_a_failed_trial_does_not_lock_auto_out_of_sizes_it_has_timed():
     context = [*prompt, *text[:120]]  # the reply has copied 120 tokens of the text
     d = auto.draft(context, 64)
     assert d.source == "ngram" and len(d.tokens) == 5
+
+
+def test_an_edit_weighs_a_copy_of_its_own_output_as_any_match_not_as_a_copy_of_the_file():
+    """In an edit, a match in what the output itself wrote (a docstring like the one the
+    model wrote above) is flagged `own` and drafted at the plain prior: such matches broke
+    at 36% a token at ages 3-8 in the model's edits, copies of the file at 6%. The same
+    match in the file (the prompt's copy of it) is drafted longer."""
+    flat = _profile([1.0 + 0.02 * (n - 1) for n in range(1, 66)])
+    text = list(range(100, 160))
+    written = [500, 501, 502, *range(600, 640)]  # text not in the file...
+
+    def first(file, output):
+        prompt = [*file, 1, 2]
+        context = [*prompt, *output, 7, 500, 501, 502]  # ... and its start written again
+        d = NgramDrafter(3, 12, extra=file)
+        auto = AutoDrafter(d, None, flat, k_max=64, learn_costs=False)
+        auto.begin(prompt)
+        return d.draft(context, 64), len(auto.draft(context, 64).tokens)
+
+    (own, k_own), (in_file, k_file) = first(text, written), first([*text, *written], [])
+    assert own.own and own.tokens[:5] == written[3:8]
+    assert not in_file.own and in_file.tokens[:5] == written[3:8]  # the same tokens, in the file
+    assert 0 < k_own < k_file
+    # with nothing to copy, no draft is anyone's own: the plain prior holds for all
+    assert not NgramDrafter(3, 12).draft([1, 2, *written, 7, 500, 501, 502], 8).own

@@ -6,7 +6,8 @@ maximise expected tokens per unit of time; k = 0, plain decoding, when nothing p
   take   argmax_k E(k) / C(k), where it beats plain decoding's 1 / V(1) by MARGIN
 
 A round (`AutoDrafter.draft`): copy_age.py scores earlier n-gram candidates against what the
-target produced; each source's best k is chosen (`choose`) over costs.GRID's verify sizes
+target produced (in an edit, a draft copying the output's own earlier text apart from one
+copying the file: the former at the plain prior, `NgramDraft.own`); each source's best k is chosen (`choose`) over costs.GRID's verify sizes
 and the measured curve's dips; the best source drafts, or a probe of a written-off draft
 model when one is due (`_plan`). After the verify (`observe`): its time goes to costs.py,
 its acceptance to the source's model, what it lost against plain decoding to the budget.
@@ -198,6 +199,9 @@ class AutoDrafter(DrafterBase):
                      else CostModel(profile, k_max, learn=learn_costs))
         self.sizes = grid_sizes(k_max + 1)
         self.runs = CopyAge(learned.run_counts(ngram.copying) if learned is not None else None)
+        # ... and of drafts copying the output's own text where a text to copy is given: those
+        # last as long as any generation's (NgramDraft.own)
+        self.own_runs = CopyAge(learned.run_counts(False) if learned is not None else None)
         self._stakes_gains = learned is None  # whether a trial may spend what drafting gained (`_affordable`)
         self.model_acc = AcceptModel(MODEL_PRIOR, k_max)
         self.model_spent = SpentShare()
@@ -221,6 +225,7 @@ class AutoDrafter(DrafterBase):
     def begin(self, prompt: Sequence[int]) -> None:
         self.cost.context(len(prompt))  # the profile's V(n) measured nearest this context
         self.runs.reset(len(prompt), copying=self.ngram.copying, predicted=self.ngram.predicting)
+        self.own_runs.reset(len(prompt))
         self.ngram.begin(prompt)
         if self.model is not None:
             self.model.begin(prompt)
@@ -241,6 +246,7 @@ class AutoDrafter(DrafterBase):
         self.rounds += 1
         k = min(k, self.k_max)
         self.runs.settle(context)  # score earlier candidates against what the target produced
+        self.own_runs.settle(context)
         found = self.ngram.draft(context, k)
         recalled = self.memory.draft(context, k) if self.memory is not None else None
         plan = self._plan(context, k, found, recalled)
@@ -248,7 +254,7 @@ class AutoDrafter(DrafterBase):
         self._trying = bool(plan.k) and not self.cost.settled(plan.k + 1)
         if plan.source == "ngram":
             return NgramDraft(tokens=found.tokens[:plan.k], source="ngram", match_len=found.match_len,
-                              run_len=found.run_len)
+                              run_len=found.run_len, own=getattr(found, "own", False))
         if plan.source == "memory":
             return MemoryDraft(tokens=recalled.tokens[:plan.k], source="memory",
                                match_len=recalled.match_len, support=recalled.support[:plan.k])
@@ -262,14 +268,15 @@ class AutoDrafter(DrafterBase):
         """The best-scoring of the n-gram draft, the memory's (`recalled`) and the draft
         model's, each at its best length; it must beat plain decoding by MARGIN. Else a
         probe of the draft model when one is due, else plain decoding."""
+        runs = self.own_runs if getattr(found, "own", False) else self.runs
         if found.tokens:
-            age = self.runs.offer(len(context), found.tokens, max(found.run_len, found.match_len))
+            age = runs.offer(len(context), found.tokens, max(found.run_len, found.match_len))
         plan = PLAIN
         # drafting must beat plain decoding by a margin: where the gain is within the
         # noise of the cost and acceptance estimates, plain decoding is the safe bet
         best_rate = (1.0 + MARGIN) / self.cost.v(1)
         if found.tokens:
-            ngram = self.choose(self.runs.rates(age, len(found.tokens)), 0.0)
+            ngram = self.choose(runs.rates(age, len(found.tokens)), 0.0)
             if ngram.k and ngram.rate >= best_rate:
                 plan, best_rate = Plan("ngram", ngram.k, ngram.expected), ngram.rate
         if recalled is not None and recalled.tokens:  # weighed by its learned acceptance

@@ -71,6 +71,7 @@ class NgramDraft(Draft):
 
     match_len: int = 0  # length of the matched suffix
     run_len: int = 0  # tokens before the draft that agree with its source
+    own: bool = False  # copying a given text, the draft copies the output's own earlier text instead
 
 
 class NgramSource(Protocol):
@@ -273,6 +274,7 @@ class NgramDrafter(DrafterBase):
             self.subs.renamed.update(renamed)
         self.rules = _Rules()
         self._follow: _Follow | None = None
+        self._n_prompt = 0  # where the output begins in `ctx`
         texts: dict[int, str] = {}
 
         def piece(token: int) -> str:
@@ -296,6 +298,7 @@ class NgramDrafter(DrafterBase):
     def begin(self, prompt: Sequence[int]) -> None:
         self.ctx = _Index(self.sizes)
         self.ctx.extend(prompt)
+        self._n_prompt = len(prompt)
         self._follow = None
         if self._predicted is not None:
             self._predicted.locate(prompt)
@@ -469,7 +472,7 @@ class NgramDrafter(DrafterBase):
             # the output changed a token, and the next went on with the source after it)
             tokens, end = self._copy(f.index.tokens, f.q, k)
             tokens = self._looped(f.index, f.q, end, f.run, tokens, k)
-            return NgramDraft(tokens=tokens, source=self.name, run_len=f.run)
+            return NgramDraft(tokens=tokens, source=self.name, run_len=f.run, own=self._own(f.index, f.q))
         if sub is not None and f is not None and f.rest is not None and f.changed is None and (
                 found is None or f.run >= found[3]):
             return NgramDraft(source=self.name)  # inside a source token the output split: the target decides
@@ -488,7 +491,15 @@ class NgramDrafter(DrafterBase):
             tokens = index.tokens[start : start + k]
             end = start + len(tokens)
         tokens = self._looped(index, start, end, run, tokens, k)
-        return NgramDraft(tokens=list(tokens), source=self.name, match_len=n, run_len=run)
+        return NgramDraft(tokens=list(tokens), source=self.name, match_len=n, run_len=run,
+                          own=self._own(index, start))
+
+    def _own(self, index: _Index, start: int) -> bool:
+        """Whether a draft from `start` of `index` copies the output's own earlier text
+        where a text to copy is given (an edit's model writing a docstring like the one it
+        wrote above): such a copy breaks as often as any n-gram match does, not as rarely
+        as a copy of the file."""
+        return self.copying and index is self.ctx and start >= self._n_prompt
 
     def _redo(self, f: _Follow, k: int, found: tuple[_Index, int, int, int] | None) -> NgramDraft | None:
         """Where the output has begun a change seen at this source position before (a
