@@ -23,8 +23,9 @@ counts of an earlier pass over it) and two ceilings: the n-gram oracle (drafts e
 the prefix the target accepts, cut at the curve's cheap points) and a drafter that is
 always right.
 
-`hazard` prints how often the edit traces' copies break by run age (a copy of the file,
-and of an instruction's prediction of the output) beside the priors core/tuning.py holds.
+`hazard` prints how often the edit traces' copies break by run age (a copy of the file, of
+an instruction's prediction of the output, of the output's own earlier text) beside the
+priors core/tuning.py holds for each.
 
 `record --prompts FILE` records other workloads (bench's JSONL format) instead, e.g.
 scripts/heldout/tasks.jsonl: five edits of this repository's files that no policy
@@ -75,7 +76,7 @@ from rich.table import Table
 
 from localspec.bench.replay import FIXED_K, copy_hazard, replay_session, replay_trace, true_curve
 from localspec.core.config import ModelConfig, SpecConfig
-from localspec.core.tuning import COPY_PRIOR, EDGES, PREDICTED_PRIOR
+from localspec.core.tuning import COPY_PRIOR, EDGES, PREDICTED_PRIOR, PRIOR
 from localspec.profile import Profile
 
 
@@ -208,15 +209,15 @@ def report_hazard(paths: list[str], sizes: tuple[int, int]) -> None:
     traces = [tr for path in paths for tr in json.load(open(path))]
     rows = copy_hazard(traces, sizes)
     table = Table(title=f"copies broken by run age, {len(traces)} traces")
-    for col in ("age", "copy n", "broke", "a", "prior", "pred. n", "broke", "a", "prior"):
+    for col in ("age", *[c for kind in ("copy", "pred.", "own") for c in (f"{kind} n", "broke", "a", "prior")]):
         table.add_column(col, justify="right")
     for i, edge in enumerate(EDGES):
         cells = [f"{edge}+"]
-        for kind, prior in (("copy", COPY_PRIOR), ("predicted", PREDICTED_PRIOR)):
+        for kind, prior in (("copy", COPY_PRIOR), ("predicted", PREDICTED_PRIOR), ("own", PRIOR)):
             n, broke = rows.get((kind, edge), (0, 0))
             cells += [str(n), str(broke), f"{1 - broke / n:.4f}" if n else "-", f"{prior[i]:.4f}"]
         table.add_row(*cells)
-    Console().print(table)
+    Console(width=160).print(table)
 
 
 def report_rounds(paths: list[str], v: list[float], c: float, args) -> None:

@@ -301,8 +301,8 @@ def copy_hazard(traces: list[dict], sizes: tuple[int, int]) -> dict[tuple[str, i
     """How often an edit's n-gram copy breaks, by the age of the run it continues: at every
     position of each edit trace's output, the drafter's next token (drafting at every
     position, as the oracle asks) against the one the target wrote. Keyed by ("predicted",
-    or "copy" for a copy of the file itself; the first age of the run's bin in EDGES), as
-    [positions drafted at, breaks]."""
+    "copy" for a copy of the file itself, or "own" for a copy of the output's own earlier
+    text; the first age of the run's bin in EDGES), as [positions drafted at, breaks]."""
     out: dict[tuple[str, int], list[int]] = {}
     for tr in traces:
         if tr.get("tag") != "edit":
@@ -316,7 +316,8 @@ def copy_hazard(traces: list[dict], sizes: tuple[int, int]) -> dict[tuple[str, i
                 continue
             age = min(max(draft.run_len, draft.match_len), AGE_CAP)
             edge = EDGES[max(0, bisect.bisect_right(EDGES, age) - 1)]
-            row = out.setdefault(("predicted" if d.predicting else "copy", edge), [0, 0])
+            kind = "own" if draft.own else "predicted" if d.predicting else "copy"
+            row = out.setdefault((kind, edge), [0, 0])
             row[0] += 1
             row[1] += draft.tokens[0] != ids[pos]
     return out
