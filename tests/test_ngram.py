@@ -665,3 +665,25 @@ def test_a_copy_is_not_taken_up_where_two_tokens_of_spaces_and_quotes_recur():
     blind = following(NgramDrafter(3, 12, extra=src), out)
     feed(blind, prompt, out, 103)
     assert blind.draft([*prompt, *out[:103]], 20).tokens == src[110:130]
+
+
+def test_a_match_in_the_outputs_own_text_is_drafted_but_the_file_stays_followed():
+    """Where the output begins a docstring like one it wrote above (new text, not in the
+    file), the match in its own text is drafted (flagged `own`), but the copy followed
+    stays the file's: once the output goes on with the file after the docstring, the copy
+    is taken up as old as it was, not as a young match."""
+    rng = random.Random(6)
+    src = [rng.randrange(1000, 5000) for _ in range(300)]
+    src[98:100] = src[148:150] = [7, 8]  # the same two tokens before each (`:\n` and an indent)
+    first, second = [500, 501, 502, *range(510, 520)], [500, 501, 502, 530, 531]
+    out = [*src[:100], *first, *src[100:150], *second, *src[150:]]
+    prompt = [1, 2, *src, 3]
+    d = NgramDrafter(3, 12, extra=src)
+    end = 100 + len(first) + 50 + 1  # the second docstring's first token written
+    feed(d, prompt, out, end)
+    mid = d.draft([*prompt, *out[:end]], 8)
+    assert mid.own and mid.tokens[:3] == first[1:4]
+    end = 100 + len(first) + 50 + len(second) + 2  # ... and two of the file's after it
+    feed(d, prompt, out, end)
+    after = d.draft([*prompt, *out[:end]], 20)
+    assert after.tokens == src[152:172] and not after.own and after.run_len > 100

@@ -30,8 +30,10 @@ otherwise than the file was tokenized), or begins a change inside a source token
 after that token, as old as it was, once the output has written the rest of its text;
 till then a match elsewhere is not drafted, the target decides. A change also ends where
 the output's token is the end of the source token it began in or of the next one
-(`: str) -> bool:\n` for `):\n`). The target verifies every draft, so this changes only
-what is proposed.
+(`: str) -> bool:\n` for `):\n`). A match in the output's own earlier text (a docstring
+begun like one above it) is drafted but not followed: the copy followed stays the given
+text's, taken up as old as it was where the output goes on with it. The target verifies
+every draft, so this changes only what is proposed.
 
 A copy of the context itself that reaches the context's end, where the context ends in
 three periods of a loop (a small model repeating a line, a run of equal rows), goes on
@@ -483,16 +485,18 @@ class NgramDrafter(DrafterBase):
         if found is None:
             return NgramDraft(source=self.name)
         index, start, n, run = found
+        own = self._own(index, start)
         if sub is not None:
-            if f is None or (f.changed is None and (f.index is not index or f.q != start)):
+            # the copy followed is the given text's: a match in the output's own text (a
+            # docstring begun like one above) is drafted, not followed across changes
+            if not own and (f is None or (f.changed is None and (f.index is not index or f.q != start))):
                 self._follow = _Follow(index, start, run)
             tokens, end = self._copy(index.tokens, start, k)
         else:
             tokens = index.tokens[start : start + k]
             end = start + len(tokens)
         tokens = self._looped(index, start, end, run, tokens, k)
-        return NgramDraft(tokens=list(tokens), source=self.name, match_len=n, run_len=run,
-                          own=self._own(index, start))
+        return NgramDraft(tokens=list(tokens), source=self.name, match_len=n, run_len=run, own=own)
 
     def _own(self, index: _Index, start: int) -> bool:
         """Whether a draft from `start` of `index` copies the output's own earlier text
