@@ -588,6 +588,14 @@ def pieces_text(t: int) -> str:
     return PIECES.get(t, f"w{t}")
 
 
+def drafted_after(src, out, upto: int, texts: bool = True, k: int = 20):
+    """The draft after the output's first `upto` tokens, the copy of `src` followed from
+    its start, with the tokens' texts given or not."""
+    d = following(NgramDrafter(3, 12, extra=src, text=pieces_text if texts else None), out)
+    feed(d, [1, 2], out, upto)
+    return d.draft([1, 2, *out[:upto]], k)
+
+
 def split_file(written=(51, 52), seed: int = 0, n: int = 200, site: int = 100):
     """(source, output): random word tokens with `):\n` at `site`, which the output
     writes as the `written` tokens."""
@@ -606,15 +614,10 @@ def test_a_copy_goes_on_where_the_output_wrote_a_source_token_in_other_pieces(wr
     is no piece of it), the copy goes on after `):\n` as soon as `:\n` is written, as
     old as it was; without the texts it waits for two more tokens that agree."""
     src, out = split_file(written)
-    prompt = [1, 2]
     end = 100 + len(written)  # the output's tokens up to and including `:\n`
-    d = following(NgramDrafter(3, 12, extra=src, text=pieces_text), out)
-    feed(d, prompt, out, end)
-    draft = d.draft([*prompt, *out[:end]], 20)
+    draft = drafted_after(src, out, end)
     assert draft.tokens == src[101:121] and draft.run_len > 90
-    blind = following(NgramDrafter(3, 12, extra=src), out)
-    feed(blind, prompt, out, end)
-    assert blind.draft([*prompt, *out[:end]], 20).tokens == []
+    assert drafted_after(src, out, end, texts=False).tokens == []
 
 
 def test_a_copy_goes_on_where_the_output_splits_the_source_text_across_its_tokens():
@@ -625,10 +628,7 @@ def test_a_copy_goes_on_where_the_output_splits_the_source_text_across_its_token
     src = [rng.randrange(100, 400) for _ in range(200)]
     src[100:103] = [59, 60, 61]
     out = src[:100] + [62, 63] + src[103:]
-    prompt = [1, 2]
-    d = following(NgramDrafter(3, 12, extra=src, text=pieces_text), out)
-    feed(d, prompt, out, 102)
-    draft = d.draft([*prompt, *out[:102]], 20)
+    draft = drafted_after(src, out, 102)
     assert draft.tokens == src[103:123] and draft.run_len > 90
 
 
@@ -639,13 +639,8 @@ def test_inside_a_split_source_token_a_match_elsewhere_is_not_drafted():
     src, out = split_file((51, 53, 54, 52))
     src[40:43] = [src[98], src[99], 51]  # the same three tokens earlier, going on otherwise
     out[40:43] = src[40:43]
-    prompt = [1, 2]
-    d = following(NgramDrafter(3, 12, extra=src, text=pieces_text), out)
-    feed(d, prompt, out, 101)
-    assert d.draft([*prompt, *out[:101]], 20).tokens == []
-    blind = following(NgramDrafter(3, 12, extra=src), out)
-    feed(blind, prompt, out, 101)
-    assert blind.draft([*prompt, *out[:101]], 20).tokens == src[43:63]
+    assert drafted_after(src, out, 101).tokens == []
+    assert drafted_after(src, out, 101, texts=False).tokens == src[43:63]
 
 
 def test_a_copy_is_not_taken_up_where_two_tokens_of_spaces_and_quotes_recur():
@@ -658,13 +653,8 @@ def test_a_copy_is_not_taken_up_where_two_tokens_of_spaces_and_quotes_recur():
     src = [rng.randrange(100, 400) for _ in range(200)]
     src[108:110] = [55, 56]  # the source's next docstring, 8 tokens after the change
     out = src[:100] + [60, 55, 56, 61, 62, 63] + src[100:]  # a docstring inserted at 100
-    prompt = [1, 2]
-    d = following(NgramDrafter(3, 12, extra=src, text=pieces_text), out)
-    feed(d, prompt, out, 103)
-    assert d.draft([*prompt, *out[:103]], 20).tokens == []
-    blind = following(NgramDrafter(3, 12, extra=src), out)
-    feed(blind, prompt, out, 103)
-    assert blind.draft([*prompt, *out[:103]], 20).tokens == src[110:130]
+    assert drafted_after(src, out, 103).tokens == []
+    assert drafted_after(src, out, 103, texts=False).tokens == src[110:130]
 
 
 def test_a_match_in_the_outputs_own_text_is_drafted_but_the_file_stays_followed():
