@@ -206,7 +206,10 @@ def report_sessions(paths: list[str], v: list[float], c: float, args) -> None:
 
 def report_hazard(paths: list[str], sizes: tuple[int, int]) -> None:
     """How often edit copies break by run age (the priors of core/tuning.py beside it)."""
-    traces = [tr for path in paths for tr in json.load(open(path))]
+    traces = []
+    for path in paths:
+        with open(path) as f:
+            traces += json.load(f)
     rows = copy_hazard(traces, sizes)
     table = Table(title=f"copies broken by run age, {len(traces)} traces")
     for col in ("age", *[c for kind in ("copy", "pred.", "own") for c in (f"{kind} n", "broke", "a", "prior")]):

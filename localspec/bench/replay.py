@@ -6,7 +6,6 @@ only the cost is modelled (V(n) per verify of n tokens, c per draft-model token)
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import random
@@ -17,10 +16,11 @@ import numpy as np
 from localspec.core.config import SpecConfig
 from localspec.core.drafters.auto import AutoDrafter, Learned
 from localspec.core.drafters.base import Draft, DrafterBase, NoDrafter, finished
+from localspec.core.drafters.copy_age import age_bin
 from localspec.core.drafters.memory import Memory, MemoryDrafter, MemoryModel
 from localspec.core.drafters.ngram import NgramDrafter
 from localspec.core.engine import AdaptiveK
-from localspec.core.tuning import AGE_CAP, EDGES
+from localspec.core.tuning import EDGES
 from localspec.profile import LONG_CONTEXT, LONG_N_MAX, N_MAX, Profile, merge_online
 
 # the fixed k auto is judged against, adaptive and fixed (15 fixed: edit's old default)
@@ -314,8 +314,7 @@ def copy_hazard(traces: list[dict], sizes: tuple[int, int]) -> dict[tuple[str, i
             draft = d.draft(prompt + ids[:pos], 1)
             if not draft.tokens:
                 continue
-            age = min(max(draft.run_len, draft.match_len), AGE_CAP)
-            edge = EDGES[max(0, bisect.bisect_right(EDGES, age) - 1)]
+            edge = EDGES[age_bin(max(draft.run_len, draft.match_len))]
             kind = "own" if draft.own else "predicted" if d.predicting else "copy"
             row = out.setdefault((kind, edge), [0, 0])
             row[0] += 1

@@ -80,8 +80,8 @@ COPY_PRIOR = (0.5, 0.6, 0.65, 0.8, 0.85, 0.9, 0.93, 0.94, 0.95, 0.96, 0.96, 0.97
 # instruction says, or cuts the same text into other tokens. Measured on the model's own
 # outputs of the edit corpus, the held-out and the built-in edits (`scripts/replay_policy.py
 # hazard`: every position's next token), a token breaks it 0 of 50 times at ages 3-8, 0 of
-# 159 at 9-24, 0.2% at 25-128, 0.3% beyond (a copy of the file: 6%, 3%, 0.9%, 0.7%; of the
-# output's own earlier text, drafted at PRIOR: 38%, 30%); the prior is a little below that:
+# 159 at 9-24, 0.2% at 25-128, 0.3% beyond (a copy of the file: 4.5%, 3%, 0.9%, 0.7%; of
+# the output's own earlier text, drafted at PRIOR: 38%, 23%); the prior is a little below that:
 # half COPY_PRIOR's hazard up to 8 (few runs there), then 0.5-1.5% up to 64 and 0.25-0.5%
 # beyond
 PREDICTED_PRIOR = (0.75, 0.8, 0.825, 0.9, 0.925, 0.95, 0.975, 0.98, 0.985, 0.99, 0.99, 0.99,

@@ -40,6 +40,11 @@ _BIN = np.clip(np.searchsorted(EDGES, np.arange(AGE_CAP + 1), side="right") - 1,
 _PSEUDO = RUN_SMOOTH * np.diff([*EDGES, EDGES[-1] + OPEN_BIN_WIDTH])
 
 
+def age_bin(age: int) -> int:
+    """The bin of EDGES that a run of this age falls in."""
+    return int(_BIN[min(age, AGE_CAP)])
+
+
 class RunAgeEstimate(NamedTuple):
     """a(t) = P(the next token still agrees | the run has agreed for t tokens), by age bin."""
 

@@ -264,27 +264,26 @@ class NgramDrafter(DrafterBase):
         self.unsure = frozenset(unsure) if prediction else frozenset()
         self.ctx = _Index(self.sizes)
         self.follow = follow  # follow the copy of `extra` across changes (module docstring)
-        words: dict[int, str | None] = {}
-
-        def word(token: int) -> str | None:
-            if token not in words:
-                words[token] = word_of(text(token))
-            return words[token]
-
-        self.subs = _Substitutions(word if text is not None else None)
-        if text is not None:  # the old names a prediction kept (prose): the target decides
-            self.subs.renamed.update(renamed)
-        self.rules = _Rules()
-        self._follow: _Follow | None = None
-        self._n_prompt = 0  # where the output begins in `ctx`
         texts: dict[int, str] = {}
+        words: dict[int, str | None] = {}
 
         def piece(token: int) -> str:
             if token not in texts:
                 texts[token] = text(token)
             return texts[token]
 
+        def word(token: int) -> str | None:
+            if token not in words:
+                words[token] = word_of(piece(token))
+            return words[token]
+
         self._text = piece if text is not None else None
+        self.subs = _Substitutions(word if text is not None else None)
+        if text is not None:  # the old names a prediction kept (prose): the target decides
+            self.subs.renamed.update(renamed)
+        self.rules = _Rules()
+        self._follow: _Follow | None = None
+        self._n_prompt = 0  # where the output begins in `ctx`
 
     @property
     def predicting(self) -> bool:
@@ -406,8 +405,6 @@ class NgramDrafter(DrafterBase):
                     self.rules.learn(src[f.q0 - 1], (src[f.q0],), src[f.q0 + 1], tuple(out))
                 f.q, f.run, f.changed, f.rest = f.q0 + 1, f.held + len(out), None, None
                 return
-            if len(out) > REWRITE_SPAN + 2:
-                f.rest = None  # no end inside the token: look for the source after it
         r = self.rules.site(src, f.q0)
         if r is not None and len(out) <= len(r.y) + 1 and tuple(out[: len(r.y)]) == r.y[: len(out)]:
             return  # a change seen here before, under way: its end is known, not guessed
@@ -467,17 +464,16 @@ class NgramDrafter(DrafterBase):
         sub = self.subs if self.follow and self.copying else None
         found = self._lookup(context, sub)
         f = self._follow
-        if sub is not None and f is not None and f.q < len(f.index.tokens) and (
-                found is None or f.run >= found[3]) and f.pending is None and f.changed is None \
-                and f.rest is None:
-            # the copy followed has held at least as long as the match (or there is none:
-            # the output changed a token, and the next went on with the source after it)
+        # the copy followed has held at least as long as the match (or there is none: the
+        # output changed a token, and the next went on with the source after it)
+        holds = (sub is not None and f is not None and f.pending is None and f.changed is None
+                 and (found is None or f.run >= found[3]))
+        if holds and f.rest is not None:
+            return NgramDraft(source=self.name)  # inside a source token the output split: the target decides
+        if holds and f.q < len(f.index.tokens):
             tokens, end = self._copy(f.index.tokens, f.q, k)
             tokens = self._looped(f.index, f.q, end, f.run, tokens, k)
             return NgramDraft(tokens=tokens, source=self.name, run_len=f.run, own=self._own(f.index, f.q))
-        if sub is not None and f is not None and f.rest is not None and f.changed is None and (
-                found is None or f.run >= found[3]):
-            return NgramDraft(source=self.name)  # inside a source token the output split: the target decides
         if sub is not None and f is not None and f.changed is not None:
             redo = self._redo(f, k, found)
             if redo is not None:
