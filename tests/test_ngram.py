@@ -677,3 +677,40 @@ def test_a_match_in_the_outputs_own_text_is_drafted_but_the_file_stays_followed(
     feed(d, prompt, out, end)
     after = d.draft([*prompt, *out[:end]], 20)
     assert after.tokens == src[152:172] and not after.own and after.run_len > 100
+
+
+def inserted_docstring(n_doc: int = 25, other: bool = True):
+    """(source, output, where the output returns to the file): random word tokens; the
+    output inserts a docstring of `n_doc` new tokens after `:\n` and an indent at 98-99
+    (the site, before the body's `return Path` at 100-101). Another function ends its
+    signature the same way and has a docstring (the copy a lookup finds when the output
+    writes its quotes), and the indent, `return`, `Path` recur later going on otherwise
+    (the match a lookup finds when the output comes back). Without the `other` function,
+    no match is found while the docstring is written."""
+    rng = random.Random(8)
+    src = [rng.randrange(1000, 5000) for _ in range(320)]
+    src[96:102] = [40, 41, 7, 8, 42, 43]  # `-> Path` `:\n` indent `return` `Path`
+    if other:
+        src[200:205] = [40, 41, 7, 8, 56]  # another function's, with a docstring
+    src[250:253] = [8, 42, 43]  # another `return Path(...)`, going on otherwise
+    doc = [56, *range(600, 600 + n_doc - 2), 61]
+    out = [*src[:100], *doc, *src[99:]]  # the indent written again after the docstring
+    return src, out, 100 + len(doc)
+
+
+@pytest.mark.parametrize("n_doc,other", [(25, True), (120, True), (25, False)])
+def test_a_copy_left_for_an_inserted_docstring_is_taken_up_where_it_was_left(n_doc, other):
+    """Where the output leaves a long-held copy of the file for new text (a docstring
+    longer than any change learned as a rule, while a match elsewhere was followed), the
+    copy is taken up where it was left once the output's last two tokens go on with the
+    file there (the indent and `return`), as old as it was: not at the younger match of
+    `return Path` elsewhere, and not only after three tokens agree."""
+    src, out, back = inserted_docstring(n_doc, other)
+    prompt = [1, 2, *src, 3]
+    d = NgramDrafter(3, 12, extra=src)
+    d.begin(prompt)
+    feed(d, prompt, out, back + 2)  # ... the indent and `return` written again
+    draft = d.draft([*prompt, *out[: back + 2]], 20)
+    assert draft.tokens == src[101:121] and draft.run_len > 90
+    feed(d, prompt, out, back + 3)
+    assert d.draft([*prompt, *out[: back + 3]], 20).tokens == src[102:122]

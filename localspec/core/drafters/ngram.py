@@ -32,8 +32,12 @@ till then a match elsewhere is not drafted, the target decides. A change also en
 the output's token is the end of the source token it began in or of the next one
 (`: str) -> bool:\n` for `):\n`). A match in the output's own earlier text (a docstring
 begun like one above it) is drafted but not followed: the copy followed stays the given
-text's, taken up as old as it was where the output goes on with it. The target verifies
-every draft, so this changes only what is proposed.
+text's, taken up as old as it was where the output goes on with it. A copy held for a
+while and left for longer new text (a docstring inserted, longer than any change learned
+as a rule, while a match elsewhere was followed or none) is taken up again where it was
+left, as old as it was, once the output's last two tokens are the text there: not at a
+younger match of them elsewhere. The target verifies every draft, so this changes only
+what is proposed.
 
 A copy of the context itself that reaches the context's end, where the context ends in
 three periods of a loop (a small model repeating a line, a run of equal rows), goes on
@@ -54,7 +58,7 @@ from typing import Protocol
 
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.renames import Predicted
-from localspec.core.tuning import REWRITE_SPAN, SURE
+from localspec.core.tuning import PARK_MIN_RUN, PARK_SPAN, REWRITE_SPAN, SURE
 
 RUN_CAP = 1024  # how far back a match is extended to measure the run it continues
 _WORD = re.compile(r"\W*(\w+)\W*")
@@ -128,6 +132,17 @@ class _Follow:
         # `):\n`): `rest` is the text of it still to come, `split` the output's tokens so far
         self.rest: str | None = None
         self.split: list[int] = []
+
+
+@dataclass
+class _Parked:
+    """A copy the output left after following it for a while: its source, the position
+    it was left at, how long it had held, and the context length when it was left."""
+
+    index: _Index
+    q: int
+    held: int
+    at: int
 
 
 class _Substitutions:
@@ -283,6 +298,7 @@ class NgramDrafter(DrafterBase):
             self.subs.renamed.update(renamed)
         self.rules = _Rules()
         self._follow: _Follow | None = None
+        self._parked: _Parked | None = None
         self._n_prompt = 0  # where the output begins in `ctx`
 
     @property
@@ -300,7 +316,7 @@ class NgramDrafter(DrafterBase):
         self.ctx = _Index(self.sizes)
         self.ctx.extend(prompt)
         self._n_prompt = len(prompt)
-        self._follow = None
+        self._follow = self._parked = None
         if self._predicted is not None:
             self._predicted.locate(prompt)
 
@@ -311,7 +327,9 @@ class NgramDrafter(DrafterBase):
         else:
             for tok in context[n:]:
                 self._advance(tok)
-            self.ctx.extend(context[n:])
+                self.ctx.extend((tok,))
+                if self._parked is not None:
+                    self._resume()
 
     def _advance(self, tok: int) -> None:
         """The output wrote `tok`: move the followed copy on, learning substitutions."""
@@ -423,7 +441,42 @@ class NgramDrafter(DrafterBase):
                     f.q, f.run, f.changed, f.rest = p + 1, f.held + len(out), None, None
                     return
         if len(out) > REWRITE_SPAN + 2:
+            self._park(f)
             self._follow = None
+
+    def _park(self, f: _Follow | None) -> None:
+        """Remember an old copy the output left (a docstring inserted, a line replaced)
+        where it left it, to take it up again there (`_resume`)."""
+        if f is None:
+            return
+        if f.changed is not None:
+            q, held = f.q0, f.held
+        elif f.pending is not None:
+            q, held = f.q - 1, f.held
+        else:
+            q, held = f.q, (f.held if f.rest is not None else f.run)
+        if held >= PARK_MIN_RUN and q < len(f.index.tokens):
+            self._parked = _Parked(f.index, q, held, len(self.ctx.tokens))
+
+    def _resume(self) -> None:
+        """The output goes on with a copy it left (`_park`) at most REWRITE_SPAN source
+        tokens after where it left it (its last two tokens, holding a letter or digit,
+        are the source's there; the indent before the place left counts): the copy is
+        followed from there again, as old as it was, unless the one followed now is older."""
+        pk, ctx = self._parked, self.ctx.tokens
+        if len(ctx) - pk.at > PARK_SPAN:
+            self._parked = None
+            return
+        src, tail = pk.index.tokens, ctx[-2:]
+        if len(ctx) - pk.at < 2 or not self._wordy(tail):
+            return
+        for p in range(max(0, pk.q - 1), min(pk.q + REWRITE_SPAN, len(src) - 2) + 1):
+            if src[p] == tail[0] and src[p + 1] == tail[1]:
+                f = self._follow
+                if f is None or f.run < pk.held or f.pending is not None or f.changed is not None:
+                    self._follow = _Follow(pk.index, p + 2, pk.held + 2)
+                self._parked = None
+                return
 
     def _unsure_in(self, src: Sequence[int], p: int, n: int) -> bool:
         """Whether the prediction's tokens p..p+n (at least p) hold a site of a foretold
@@ -486,6 +539,7 @@ class NgramDrafter(DrafterBase):
             # the copy followed is the given text's: a match in the output's own text (a
             # docstring begun like one above) is drafted, not followed across changes
             if not own and (f is None or (f.changed is None and (f.index is not index or f.q != start))):
+                self._park(f)
                 self._follow = _Follow(index, start, run)
             tokens, end = self._copy(index.tokens, start, k)
         else:
