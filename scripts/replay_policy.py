@@ -411,7 +411,8 @@ def report_peer(traces: list[dict], rows: list[tuple[str, dict[str, float]]], v:
     over plain, and auto's (informed, fresh) over the best of them. `wall` (prefill
     tok/s, one-token ms, other s): a first edit's whole wall time, prefill + decode +
     other (loading, writing), plain against auto with no profile (fresh) and against
-    the best llama-server setting."""
+    the best llama-server setting. With --bound, the n-gram oracle's too: how far any
+    n-gram policy could go over llama-server, and in wall time."""
     from localspec.bench.llamacpp_policies import llamacpp_settings
     from localspec.bench.replay import replay
     from localspec.core.drafters.base import NoDrafter
@@ -421,21 +422,28 @@ def report_peer(traces: list[dict], rows: list[tuple[str, dict[str, float]]], v:
     print(f"\nllama-server's settings replayed (speedup over plain); auto {k} over the best of them")
     print(f"{'trace':14} " + " ".join(f"{n:>18}" for n in names) + f" {'auto / best':>12} {'fresh / best':>12}"
           + (f" {'hindsight / best':>16}" if "hindsight" in rows[0][1] else "")
-          + (f" {'wall: plain s':>13} {'fresh s':>8} {'speedup':>8} {'llama best':>10}" if wall else ""))
+          + (f" {'oracle / best':>13}" if "bound" in rows[0][1] else "")
+          + (f" {'wall: plain s':>13} {'fresh s':>8} {'speedup':>8} {'llama best':>10}" if wall else "")
+          + (f" {'oracle':>7}" if wall and "bound" in rows[0][1] else ""))
     for (name, out), tr in zip(rows, traces):
         plain = replay(tr, NoDrafter(), v, 0.0, 1, False)
         peer = [plain / replay(tr, d, v, 0.0, 256, False) for d in llamacpp_settings()]
         best = max(peer)
         line = (f"{name:14} " + " ".join(f"{x:17.2f}x" for x in peer)
                 + f" {out[f'auto {k}'] / best:11.2f}x {out[f'fresh {k}'] / best:11.2f}x"
-                + (f" {out['hindsight'] / best:15.2f}x" if "hindsight" in out else ""))
+                + (f" {out['hindsight'] / best:15.2f}x" if "hindsight" in out else "")
+                + (f" {out['bound'] / best:12.2f}x" if "bound" in out else ""))
         if wall:
             tok_s, t1_ms, other = wall
             fixed = len(tr["prompt"]) / tok_s + other
             decode = (len(tr["ids"]) - 1) * t1_ms / 1000
+
+            def speedup(x: float) -> float:  # the first edit's wall time, plain over a decode speedup x
+                return (fixed + decode) / (fixed + decode / x)
+
             line += (f" {fixed + decode:13.1f} {fixed + decode / out[f'fresh {k}']:8.1f}"
-                     f" {(fixed + decode) / (fixed + decode / out[f'fresh {k}']):7.2f}x"
-                     f" {(fixed + decode) / (fixed + decode / best):9.2f}x")
+                     f" {speedup(out[f'fresh {k}']):7.2f}x {speedup(best):9.2f}x"
+                     + (f" {speedup(out['bound']):6.2f}x" if "bound" in out else ""))
         print(line)
 
 
