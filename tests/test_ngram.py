@@ -324,7 +324,8 @@ def test_a_copy_resumes_right_after_a_substitution():
 def test_a_substitution_seen_once_stops_the_draft_before_it():
     """A token replaced once is no rule (a class renamed in code, its name kept in a
     docstring): a draft stops before its next occurrence, neither copying nor replacing
-    it; once kept SURE (2) more times than replaced, it is copied again."""
+    it; once the output's last SURE (2) tokens there were the token kept, it is copied
+    again."""
     src = []
     for i in range(6):
         src += [*range(100 + 20 * i, 119 + 20 * i), 7]
@@ -335,10 +336,36 @@ def test_a_substitution_seen_once_stops_the_draft_before_it():
     prompt = [1, 2]
     d.begin(prompt)
     assert d.draft([*prompt, *out[:5]], 8).tokens  # following the copy
-    for i in (1, 2, 3):  # replaced 1, kept i - 1 times before the i-th 7: unsure
+    for i in (1, 2):  # replaced, then kept once before the second 7: unsure
         pos = sevens[i - 1] + 3
         assert d.draft([*prompt, *out[:pos]], 64).tokens == src[pos : sevens[i]]
-    pos = sevens[3] + 3  # kept 3 times, replaced once: copied as it is
+    pos = sevens[2] + 3  # kept the last two times: copied as it is
+    assert d.draft([*prompt, *out[:pos]], 40).tokens == src[pos : pos + 40]
+
+
+def test_a_substitution_the_output_stopped_making_stops_the_draft_at_once():
+    """A name renamed in one function (`add(self, item)` made `product` four times) and
+    kept in the next (`for item in ...`): after the first place kept, a draft stops
+    before the name instead of drafting it renamed (and breaking there) until a count
+    over the whole output turns; kept twice in a row, it is copied as it is."""
+    src = []
+    for i in range(9):
+        src += [*range(100 + 20 * i, 119 + 20 * i), 7]
+    sevens = [i for i, t in enumerate(src) if t == 7]
+    out = list(src)
+    for i in range(4):
+        out[sevens[i]] = 8
+    d = NgramDrafter(3, 12, extra=src)
+    prompt = [1, 2]
+    d.begin(prompt)
+    pos = sevens[3] + 3  # replaced the last two times (four in all): drafted replaced
+    feed(d, prompt, out, pos)
+    assert d.draft([*prompt, *out[:pos]], 40).tokens[sevens[4] - pos] == 8
+    pos = sevens[4] + 3  # ... then kept once: the target decides
+    feed(d, prompt, out, pos)
+    assert d.draft([*prompt, *out[:pos]], 64).tokens == src[pos : sevens[5]]
+    pos = sevens[5] + 3  # ... kept twice in a row: copied as it is
+    feed(d, prompt, out, pos)
     assert d.draft([*prompt, *out[:pos]], 40).tokens == src[pos : pos + 40]
 
 

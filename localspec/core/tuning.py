@@ -92,11 +92,13 @@ RUN_DECAY = 0.97  # per run reaching a bin: the last few dozen runs at each age 
 RUN_SMOOTH = 2.0  # pseudo-runs at the prior's acceptance in each bin
 
 # --- n-gram drafting while copying a text (core/drafters/ngram.py) --------------------
-SURE = 2  # a source token the output replaced is drafted replaced (or kept) once it was so
-# this many times more than the other way: once is no rule (a class renamed in code, its
-# name kept in a docstring); till then a draft stops before it and the target decides.
-# The same for a change longer than one for one (a rule: what the output wrote in place
-# of which source tokens, between which two)
+SURE = 2  # a source token the output replaced is drafted replaced (or kept) once its last
+# this many tokens there were so: once is no rule (a class renamed in code, its name kept
+# in a docstring), and the last ones decide, not a count over the whole output (a name
+# renamed in one function, kept in the next); till then a draft stops before it and the
+# target decides. A change longer than one for one (a rule: what the output wrote in
+# place of which source tokens, between which two) is drafted once made this many times
+# more often than the source was kept there
 REWRITE_SPAN = 16  # source tokens a change may replace, and (plus 2) output tokens it may
 # take, to be learned as a rule: a type hint, a field added to a line; a longer change is
 # no rule that repeats, and the n-gram lookup finds the copy again behind it

@@ -7,9 +7,9 @@ the copy it last drafted from, token by token (`_Follow`), across the places whe
 output changes it. Where the output writes one token in place of one source token and
 then goes on with the source after it (a rename: `lo` becomes `low`), the copy is drafted
 again from there at once, without waiting for ngram_min new tokens to match, and the
-substitution is learned: later drafts copy the source with it applied, once the output
-has replaced that source token SURE times more often than kept it (till then a draft
-stops before it). A longer change (tokens inserted, or a few replaced by others) is
+substitution is learned: later drafts copy the source with it applied once the output's
+last SURE tokens for that source token were that replacement, and as it was once they
+were the token kept (till then a draft stops before it). A longer change (tokens inserted, or a few replaced by others) is
 learned the same way where the output goes on with the source after it (`_Rules`: what
 was written in place of what, between which two source tokens). A draft copies past a
 change site seen before into the unchanged stretch behind it. Where the output begins a
@@ -146,8 +146,9 @@ class _Parked:
 
 
 class _Substitutions:
-    """Source token -> the tokens the output wrote in its place, with how often, and how
-    often it was kept, learned from the copy followed (`_Follow`). With the tokens' texts
+    """Source token -> the tokens the output wrote in its place, with how often, how
+    often it was kept, and what it wrote there the last SURE times, learned from the copy
+    followed (`_Follow`). With the tokens' texts
     (`word`: token -> the word it holds), the words of replaced source tokens are
     `renamed`, and a source token never replaced that holds one is unsure until kept
     SURE times."""
@@ -157,32 +158,41 @@ class _Substitutions:
         self.kept: dict[int, int] = {}
         self.word = word
         self.renamed: set[str] = set()
+        self.last: dict[int, tuple[int, ...]] = {}  # source token -> the output's last SURE tokens for it
 
     def __call__(self, token: int) -> int | None:
         """The token the output is expected to write for source `token`, or None while
-        that is unsure: it was replaced, but not SURE times more often than kept, nor
-        kept SURE times more often (a draft stops before it, and the target's own token
-        there, which the round yields anyway, adds to the evidence)."""
+        that is unsure: the output replaced it, and its last SURE times there did not all
+        write the same (a replacement, or the token kept). The last times decide, not all
+        of them: a name renamed in one function (`add(self, item)` made `product`) may be
+        kept in the next (`for item in ...`), and there a draft stops before it instead
+        of breaking at every place until the count turns. A draft that stops costs the
+        round's length; the target's own token there adds to the evidence."""
         seen = self.replaced.get(token)
         if not seen:
             if self.renamed and self.word(token) in self.renamed and self.kept.get(token, 0) < SURE:
                 return None  # its word was renamed in another token: the target decides
             return token
-        out, n = max(seen.items(), key=lambda kv: kv[1])
-        kept = self.kept.get(token, 0)
-        if n >= kept + SURE:
-            return out
-        return token if kept >= n + SURE else None
+        last = self.last[token]
+        if len(last) >= SURE and len(set(last)) == 1:
+            return last[0]
+        return None
 
     def learn(self, source: int, output: int) -> None:
         if source == output:
             if source in self.replaced or (self.renamed and self.word(source) in self.renamed):
                 self.kept[source] = self.kept.get(source, 0) + 1
+                self._saw(source, output)
             return
         seen = self.replaced.setdefault(source, {})
         seen[output] = seen.get(output, 0) + 1
+        self._saw(source, output)
         if self.word is not None and (w := self.word(source)) is not None and w != self.word(output):
             self.renamed.add(w)
+
+    def _saw(self, source: int, output: int) -> None:
+        """The output's last SURE tokens written for `source`."""
+        self.last[source] = (*self.last.get(source, ()), output)[-SURE:]
 
 
 class _Rule:
