@@ -403,6 +403,22 @@ def test_a_repeated_insertion_is_learned_and_drafted_through():
     assert draft == out[third + 5 : third + 35]
 
 
+def test_a_known_change_written_in_full_goes_on_with_the_source_at_once():
+    """Where the output writes a change seen at this kind of place before (90, 91 between
+    5 and 6), in full, the copy goes on with the source after it at once: the next draft
+    is this site's 6 and the body after it, not the output's own earlier text after the
+    same three tokens (the last site's body), and not only after two more tokens agree."""
+    src, out = insert_file()
+    prompt = [1, 2]
+    d = NgramDrafter(3, 12, extra=src)
+    d.begin(prompt)
+    pos = 2 * 22 + 21  # the third site: its 5, 90, 91 written
+    feed(d, prompt, out, pos)
+    draft = d.draft([*prompt, *out[:pos]], 20)
+    assert out[pos - 3 : pos] == [5, 90, 91]
+    assert draft.tokens == out[pos : pos + 20] and not draft.own
+
+
 def record_file(lines: int = 6):
     """A JSON-like list: each source line is [20, 21, name, 22, 40..47, 5, 6] with its
     own name token; the edit inserts (22, 40, 91) between 5 and 6 on every line (a field

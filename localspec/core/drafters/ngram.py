@@ -17,7 +17,8 @@ change seen at that kind of place before (once is not sure: the draft stopped be
 it), the rest of it and the source after it are drafted, and its end is the known one,
 not where its tokens happen to recur in the source (a field added to each line of a
 JSON list: the copy stays on the source's next line, not on the output's earlier one,
-which goes on with the wrong name). A replacement made after one source token also
+which goes on with the wrong name); once it is written in full, the copy goes on after
+it at once, not two tokens later. A replacement made after one source token also
 stops a draft where the same tokens come after another (a line's `"},` after another
 value), until the output has kept such a place SURE times. Given the tokens' texts
 (`text`), a draft also stops before a source token that holds a word the output renamed
@@ -118,10 +119,11 @@ class _Follow:
     the copy resumed after a rename is as old as it was: auto drafts it long at once),
     `pending` a mismatch (source token, output token) not confirmed yet."""
 
-    __slots__ = ("index", "q", "run", "pending", "held", "changed", "q0", "rest", "split")
+    __slots__ = ("index", "q", "run", "pending", "held", "changed", "q0", "rest", "split", "ruled")
 
     def __init__(self, index: _Index, q: int, run: int) -> None:
         self.index, self.q, self.run = index, q, run
+        self.ruled = -1  # where a known change was just written in full (an insertion stays at its place)
         self.pending: tuple[int, int] | None = None
         self.held = 0  # the run before the pending mismatch
         # a change longer than one for one: the output's tokens since it began at source
@@ -356,7 +358,7 @@ class NgramDrafter(DrafterBase):
         if f.rest is not None:
             self._splitting(f, tok)
             return
-        if tok == src[f.q] and f.pending is None:
+        if tok == src[f.q] and f.pending is None and f.q != f.ruled:
             if (r := self.rules.at(src, f.q)) is not None:
                 r.kept += 1  # a rule's place, where the output kept the source
             elif (r := self.rules.like(src, f.q)) is not None:
@@ -434,8 +436,14 @@ class NgramDrafter(DrafterBase):
                 f.q, f.run, f.changed, f.rest = f.q0 + 1, f.held + len(out), None, None
                 return
         r = self.rules.site(src, f.q0)
-        if r is not None and len(out) <= len(r.y) + 1 and tuple(out[: len(r.y)]) == r.y[: len(out)]:
-            return  # a change seen here before, under way: its end is known, not guessed
+        if r is not None and tuple(out) == r.y:  # a change seen here before, written in full
+            if f.q0 > 0:
+                self.rules.learn(src[f.q0 - 1], r.s, r.b, r.y)
+            f.q, f.run, f.changed, f.rest = f.q0 + len(r.s), f.held + len(out), None, None
+            f.ruled = f.q
+            return
+        if r is not None and len(out) < len(r.y) and tuple(out) == r.y[: len(out)]:
+            return  # ... under way: its end is known, not guessed
         for m in range(min(REWRITE_SPAN, len(src) - f.q0 - 2) + 1):
             p = f.q0 + m
             if out[-2] == src[p] and out[-1] == src[p + 1] and (m == 0 or self._wordy(out[-2:])):
@@ -540,7 +548,7 @@ class NgramDrafter(DrafterBase):
         if holds and f.rest is not None:
             return NgramDraft(source=self.name)  # inside a source token the output split: the target decides
         if holds and f.q < len(f.index.tokens):
-            tokens, end = self._copy(f.index.tokens, f.q, k)
+            tokens, end = self._copy(f.index.tokens, f.q, k, ruled=f.ruled)
             tokens = self._looped(f.index, f.q, end, f.run, tokens, k)
             return NgramDraft(tokens=tokens, source=self.name, run_len=f.run, own=self._own(f.index, f.q))
         if sub is not None and f is not None and f.changed is not None:
