@@ -9,8 +9,9 @@ then goes on with the source after it (a rename: `lo` becomes `low`), the copy i
 again from there at once, without waiting for ngram_min new tokens to match, and the
 substitution is learned: later drafts copy the source with it applied once the output's
 last SURE tokens for that source token were that replacement, and as it was once they
-were the token kept (till then a draft stops before it). A longer change (tokens inserted, or a few replaced by others) is
-learned the same way where the output goes on with the source after it (`_Rules`: what
+were the token kept (till then a draft stops before it). A longer change (tokens
+inserted, or a few replaced by others) is learned where the output goes on with the
+source after it, and drafted once made SURE times more often than not (`_Rules`: what
 was written in place of what, between which two source tokens). A draft copies past a
 change site seen before into the unchanged stretch behind it. Where the output begins a
 change seen at that kind of place before (once is not sure: the draft stopped before
@@ -37,8 +38,8 @@ text's, taken up as old as it was where the output goes on with it. A copy held 
 while and left for longer new text (a docstring inserted, longer than any change learned
 as a rule, while a match elsewhere was followed or none) is taken up again where it was
 left once the output's last two tokens are the text there, not at a younger match of
-them elsewhere; as old as it was where the instruction foretold the new text (sites.py). The target verifies every draft, so this changes only
-what is proposed.
+them elsewhere; as old as it was where the instruction foretold the new text (sites.py).
+The target verifies every draft, so this changes only what is proposed.
 
 A copy of the context itself that reaches the context's end, where the context ends in
 three periods of a loop (a small model repeating a line, a run of equal rows), goes on
