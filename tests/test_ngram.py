@@ -507,6 +507,23 @@ def test_a_change_made_after_another_token_stops_the_draft_there():
     assert d.draft([*prompt, *out[:pos]], 30).tokens == out[pos : sites[1]]
 
 
+def test_a_change_begun_where_it_was_made_after_another_token_is_drafted_to_its_end_only():
+    """Lines 1-2 replaced their closing after value 300, line 3 begins the same change
+    after 301: the rest of the change is drafted, but not the source after it (what
+    follows a change learned elsewhere is a guess: the target decides). Line 4, after
+    301 again, where line 3 made it: the rest of the change and the source after it."""
+    src, out, sites = closing_file([300, 300, 301, 301], changed={0, 1, 2, 3})
+    prompt = [1, 2]
+    d = NgramDrafter(3, 12, extra=src)
+    d.begin(prompt)
+    pos = sites[2] + 1  # line 3's 50 written
+    feed(d, prompt, out, pos)
+    assert d.draft([*prompt, *out[:pos]], 20).tokens == [51, 52]
+    pos = sites[3] + 1  # line 4's
+    feed(d, prompt, out, pos)
+    assert d.draft([*prompt, *out[:pos]], 20).tokens == out[pos : pos + 20]
+
+
 def test_a_place_kept_like_the_changed_one_ends_the_stop():
     """Where the output keeps such a closing token SURE (2) times, drafts copy through the
     others again: an edit that changes some lines does not stop every draft."""

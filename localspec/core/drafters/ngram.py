@@ -15,24 +15,25 @@ source after it, and drafted once made SURE times more often than not (`_Rules`:
 was written in place of what, between which two source tokens). A draft copies past a
 change site seen before into the unchanged stretch behind it. Where the output begins a
 change seen at that kind of place before (once is not sure: the draft stopped before
-it), the rest of it and the source after it are drafted, and its end is the known one,
-not where its tokens happen to recur in the source (a field added to each line of a
-JSON list: the copy stays on the source's next line, not on the output's earlier one,
-which goes on with the wrong name); once it is written in full, the copy goes on after
-it at once, not two tokens later. A replacement made after one source token also
-stops a draft where the same tokens come after another (a line's `"},` after another
-value), until the output has kept such a place SURE times. Given the tokens' texts
-(`text`), a draft also stops before a source token that holds a word the output renamed
-elsewhere in another token ("(lo" and "'lo" once " lo" became " low"), until the output
-has kept that token SURE times: a rename reaches every spelling of its word, and a draft
-broken there costs all the tokens drafted past it. With the texts, the copy is also
-followed where the output writes the source's text in other pieces (`)` then `:\n`
-for `):\n`, `.''` `')\n\n` for `.'` `''` `)\n\n`: a model tokenizes what it writes
-otherwise than the file was tokenized), or begins a change inside a source token (`)`, ` -> str`, `:\n`): the copy goes on
-after that token, as old as it was, once the output has written the rest of its text;
-till then a match elsewhere is not drafted, the target decides. A change also ends where
-the output's token is the end of the source token it began in or of the next one
-(`: str) -> bool:\n` for `):\n`). A match in the output's own earlier text (a docstring
+it), the rest of it and the source after it are drafted (the source only where it was
+made after the same source token: after another, what follows it is a guess), and its
+end is the known one, not where its tokens happen to recur in the source (a field added
+to each line of a JSON list: the copy stays on the source's next line, not on the
+output's earlier one, which goes on with the wrong name); once it is written in full,
+the copy goes on after it at once, not two tokens later. A replacement made after one
+source token also stops a draft where the same tokens come after another (a line's `"},`
+after another value), until the output has kept such a place SURE times. Given the
+tokens' texts (`text`), a draft also stops before a source token that holds a word the
+output renamed elsewhere in another token ("(lo" and "'lo" once " lo" became " low"),
+until the output has kept that token SURE times: a rename reaches every spelling of its
+word, and a draft broken there costs all the tokens drafted past it. With the texts, the
+copy is also followed where the output writes the source's text in other pieces (`)`
+then `:\n` for `):\n`, `.''` `')\n\n` for `.'` `''` `)\n\n`: a model tokenizes what it
+writes otherwise than the file was tokenized), or begins a change inside a source token
+(`)`, ` -> str`, `:\n`): the copy goes on after that token, as old as it was, once the
+output has written the rest of its text; till then a match elsewhere is not drafted,
+the target decides. A change also ends where the output's token is the end of the
+source token it began in or of the next one (`: str) -> bool:\n` for `):\n`). A match in the output's own earlier text (a docstring
 begun like one above it) is drafted but not followed: the copy followed stays the given
 text's, taken up as old as it was where the output goes on with it. A copy held for a
 while and left for longer new text (a docstring inserted, longer than any change learned
@@ -581,9 +582,10 @@ class NgramDrafter(DrafterBase):
         return self.copying and index is self.ctx and start >= self._n_prompt
 
     def _redo(self, f: _Follow, k: int, found: tuple[_Index, int, int, int] | None) -> NgramDraft | None:
-        """Where the output has begun a change seen at this source position before (a
-        rule, sure or not yet: the draft stopped before it), the rest of that change and
-        the source after it; None where the change written so far is no known one, or
+        """Where the output has begun a change seen at this kind of source position before
+        (a rule, sure or not yet: the draft stopped before it), the rest of that change and,
+        where it was made after this same source token, the source after it; None where
+        the change written so far is no known one, or
         where the n-gram match `found` does not go on with that change (it copies
         something else that matches better)."""
         src, out = f.index.tokens, f.changed
@@ -596,7 +598,11 @@ class NgramDrafter(DrafterBase):
             if tuple(index.tokens[start : start + len(left)]) != left:
                 return None
         rest = []
-        if not self._unsure_in(src, f.q0, len(r.s)):  # else the rule's text is a guess: the target decides
+        # the source after it, where the change was made after this source token and the
+        # instruction foretells no text of unknown content here; else what follows the
+        # change is a guess (made after another token: `-> bool` learned at fnmatch, and
+        # `_compile_pattern` returns `re.Pattern`): the target decides
+        if self.rules.at(src, f.q0) is r and not self._unsure_in(src, f.q0, len(r.s)):
             rest, _ = self._copy(src, f.q0 + len(r.s), k, ruled=f.q0 + len(r.s))
         return NgramDraft(tokens=[*r.y[len(out):], *rest][:k], source=self.name, run_len=f.held)
 
