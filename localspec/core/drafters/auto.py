@@ -7,10 +7,11 @@ maximise expected tokens per unit of time; k = 0, plain decoding, when nothing p
 
 A round (`AutoDrafter.draft`): copy_age.py scores earlier n-gram candidates against what the
 target produced (in an edit, a draft copying the output's own earlier text apart from one
-copying the file: the former at the plain prior, `NgramDraft.own`); each source's best k is chosen (`choose`) over costs.GRID's verify sizes
-and the measured curve's dips; the best source drafts, or a probe of a written-off draft
-model when one is due (`_plan`). After the verify (`observe`): its time goes to costs.py,
-its acceptance to the source's model, what it lost against plain decoding to the budget.
+copying the file: the former at the plain prior, `NgramDraft.own`); each source's best k
+is chosen (`choose`) over costs.GRID's verify sizes and the measured curve's dips; the
+best source drafts, or a probe of a written-off draft model when one is due (`_plan`).
+After the verify (`observe`): its time goes to costs.py, its acceptance to the source's
+model, what it lost against plain decoding to the budget.
 A verify size nobody measured is tried only where its worst case fits the budget
 (`_affordable`); once drafting has lost more than the budget, every draft must promise
 that much more (`deficit`). What a run measured goes to `store` at its end; a caller

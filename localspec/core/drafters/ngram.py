@@ -33,9 +33,10 @@ writes otherwise than the file was tokenized), or begins a change inside a sourc
 (`)`, ` -> str`, `:\n`): the copy goes on after that token, as old as it was, once the
 output has written the rest of its text; till then a match elsewhere is not drafted,
 the target decides. A change also ends where the output's token is the end of the
-source token it began in or of the next one (`: str) -> bool:\n` for `):\n`). A match in the output's own earlier text (a docstring
-begun like one above it) is drafted but not followed: the copy followed stays the given
-text's, taken up as old as it was where the output goes on with it. A copy held for a
+source token it began in or of the next one (`: str) -> bool:\n` for `):\n`). A match
+in the output's own earlier text (a docstring begun like one above it) is drafted but not
+followed: the copy followed stays the given text's, taken up as old as it was where the
+output goes on with it. A copy held for a
 while and left for longer new text (a docstring inserted, longer than any change learned
 as a rule, while a match elsewhere was followed or none) is taken up again where it was
 left once the output's last two tokens are the text there, not at a younger match of
@@ -150,16 +151,14 @@ class _Parked:
 
 
 class _Substitutions:
-    """Source token -> the tokens the output wrote in its place, with how often, how
-    often it was kept, and what it wrote there the last SURE times, learned from the copy
-    followed (`_Follow`). With the tokens' texts
-    (`word`: token -> the word it holds), the words of replaced source tokens are
-    `renamed`, and a source token never replaced that holds one is unsure until kept
-    SURE times."""
+    """Source token -> the tokens the output wrote in its place, and what it wrote there
+    the last SURE times (a replacement, or the token kept), learned from the copy followed
+    (`_Follow`). With the tokens' texts (`word`: token -> the word it holds), the words of
+    replaced source tokens are `renamed`, and a source token never replaced that holds one
+    is unsure until kept SURE times."""
 
     def __init__(self, word: Callable[[int], str | None] | None = None) -> None:
-        self.replaced: dict[int, dict[int, int]] = {}
-        self.kept: dict[int, int] = {}
+        self.replaced: dict[int, set[int]] = {}
         self.word = word
         self.renamed: set[str] = set()
         self.last: dict[int, tuple[int, ...]] = {}  # source token -> the output's last SURE tokens for it
@@ -172,12 +171,11 @@ class _Substitutions:
         kept in the next (`for item in ...`), and there a draft stops before it instead
         of breaking at every place until the count turns. A draft that stops costs the
         round's length; the target's own token there adds to the evidence."""
-        seen = self.replaced.get(token)
-        if not seen:
-            if self.renamed and self.word(token) in self.renamed and self.kept.get(token, 0) < SURE:
+        last = self.last.get(token, ())
+        if token not in self.replaced:
+            if self.renamed and self.word(token) in self.renamed and len(last) < SURE:
                 return None  # its word was renamed in another token: the target decides
             return token
-        last = self.last[token]
         if len(last) >= SURE and len(set(last)) == 1:
             return last[0]
         return None
@@ -185,11 +183,9 @@ class _Substitutions:
     def learn(self, source: int, output: int) -> None:
         if source == output:
             if source in self.replaced or (self.renamed and self.word(source) in self.renamed):
-                self.kept[source] = self.kept.get(source, 0) + 1
                 self._saw(source, output)
             return
-        seen = self.replaced.setdefault(source, {})
-        seen[output] = seen.get(output, 0) + 1
+        self.replaced.setdefault(source, set()).add(output)
         self._saw(source, output)
         if self.word is not None and (w := self.word(source)) is not None and w != self.word(output):
             self.renamed.add(w)
@@ -433,15 +429,11 @@ class NgramDrafter(DrafterBase):
         out.append(tok)
         if f.rest is not None:  # begun inside source token q0: it ends with the rest of its text
             if self._text(tok) == f.rest:
-                if f.q0 > 0 and f.q0 + 1 < len(src):
-                    self.rules.learn(src[f.q0 - 1], (src[f.q0],), src[f.q0 + 1], tuple(out))
-                f.q, f.run, f.changed, f.rest = f.q0 + 1, f.held + len(out), None, None
+                self._rejoin(f, f.q0 + 1, out, f.q0 + 1)
                 return
         r = self.rules.site(src, f.q0)
         if r is not None and tuple(out) == r.y:  # a change seen here before, written in full
-            if f.q0 > 0:
-                self.rules.learn(src[f.q0 - 1], r.s, r.b, r.y)
-            f.q, f.run, f.changed, f.rest = f.q0 + len(r.s), f.held + len(out), None, None
+            self._rejoin(f, f.q0 + len(r.s), r.y, f.q0 + len(r.s))
             f.ruled = f.q
             return
         if r is not None and len(out) < len(r.y) and tuple(out) == r.y[: len(out)]:
@@ -449,20 +441,25 @@ class NgramDrafter(DrafterBase):
         for m in range(min(REWRITE_SPAN, len(src) - f.q0 - 2) + 1):
             p = f.q0 + m
             if out[-2] == src[p] and out[-1] == src[p + 1] and (m == 0 or self._wordy(out[-2:])):
-                if f.q0 > 0:
-                    self.rules.learn(src[f.q0 - 1], tuple(src[f.q0 : p]), src[p], tuple(out[:-2]))
-                f.q, f.run, f.changed, f.rest = p + 2, f.held + len(out), None, None
+                self._rejoin(f, p, out[:-2], p + 2)
                 return
         if self._text is not None and len(t := self._text(tok)) >= 2 and t.strip():
             for p in range(f.q0, min(f.q0 + 2, len(src) - 1)):
                 if self._text(src[p]).endswith(t) and tok != src[p]:  # ends inside another piece of text
-                    if f.q0 > 0:
-                        self.rules.learn(src[f.q0 - 1], tuple(src[f.q0 : p + 1]), src[p + 1], tuple(out))
-                    f.q, f.run, f.changed, f.rest = p + 1, f.held + len(out), None, None
+                    self._rejoin(f, p + 1, out, p + 1)
                     return
         if len(out) > REWRITE_SPAN + 2:
             self._park(f)
             self._follow = None
+
+    def _rejoin(self, f: _Follow, end: int, y: Sequence[int], q: int) -> None:
+        """The change begun at source position q0 ends: the output wrote `y` in place of
+        the source up to `end` (learned as a rule between the tokens around them), and the
+        copy goes on from q, as old as it was."""
+        src = f.index.tokens
+        if f.q0 > 0 and end < len(src):
+            self.rules.learn(src[f.q0 - 1], tuple(src[f.q0 : end]), src[end], tuple(y))
+        f.q, f.run, f.changed, f.rest = q, f.held + len(f.changed), None, None
 
     def _park(self, f: _Follow | None) -> None:
         """Remember an old copy the output left (a docstring inserted, a line replaced)
@@ -585,9 +582,8 @@ class NgramDrafter(DrafterBase):
         """Where the output has begun a change seen at this kind of source position before
         (a rule, sure or not yet: the draft stopped before it), the rest of that change and,
         where it was made after this same source token, the source after it; None where
-        the change written so far is no known one, or
-        where the n-gram match `found` does not go on with that change (it copies
-        something else that matches better)."""
+        the change written so far is no known one, or where the n-gram match `found` does
+        not go on with that change (it copies something else that matches better)."""
         src, out = f.index.tokens, f.changed
         r = self.rules.site(src, f.q0)
         if r is None or r.dropped or tuple(r.y[: len(out)]) != tuple(out) or len(r.y) <= len(out):
