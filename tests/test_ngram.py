@@ -778,3 +778,81 @@ def test_a_copy_left_for_an_inserted_docstring_is_taken_up_where_it_was_left(n_d
     assert draft.run_len > 90 if foretold else draft.run_len == 2
     feed(d, prompt, out, back + 3)
     assert d.draft([*prompt, *out[: back + 3]], 20).tokens == src[102:122]
+
+
+_PIECES = ["def", " x", " y", "(", ")", ":", "\n", "    ", " return", " =", " self", ".", ",",
+           ' "', '"""', " int", " ->", " bool", "Item", "Product", " item", " product", "_",
+           "a", "b", " ", "  ", "#", " the", " of"]
+
+
+def random_edit(rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+    """(source, output, prompt): a random text of word tokens and the output of an edit
+    of it that mixes what edits do, at random places: a token replaced by 0-3 others
+    (most times it recurs), spans deleted, an insertion repeated or new, a jump to
+    elsewhere in the source; now and then an output unrelated to the source."""
+    v = len(_PIECES)
+    src = [rng.randrange(v) for _ in range(rng.randint(0, 120))]
+    subs = {rng.randrange(v): [rng.randrange(v) for _ in range(rng.randint(0, 3))]
+            for _ in range(rng.randint(0, 3))}
+    insertion = [rng.randrange(v) for _ in range(rng.randint(1, 6))]
+    out: list[int] = []
+    i = 0
+    while i < len(src) and len(out) < 400:
+        r = rng.random()
+        if src[i] in subs and rng.random() < 0.8:
+            out += subs[src[i]]
+            i += 1
+        elif r < 0.03:
+            i += rng.randint(1, 5)
+        elif r < 0.07:
+            out += insertion if rng.random() < 0.6 else [rng.randrange(v) for _ in range(rng.randint(1, 30))]
+        elif r < 0.08:
+            i = rng.randrange(len(src))
+        else:
+            out.append(src[i])
+            i += 1
+    if rng.random() < 0.1:
+        out = [rng.randrange(v) for _ in range(rng.randint(0, 60))]
+    prompt = [*(rng.randrange(v) for _ in range(rng.randint(0, 10))), *src,
+              *(rng.randrange(v) for _ in range(rng.randint(0, 10)))]
+    return src, out, prompt
+
+
+@pytest.mark.parametrize("block", range(4))
+def test_the_copying_drafter_drafts_only_known_tokens_on_random_edits(block):
+    """Every state the copy-following reaches (substitutions, changes learned as rules,
+    a copy parked and taken up, a prediction with foretold sites, a rewound context):
+    on 100 random edits each, a draft is never longer than asked, and holds only tokens
+    that the prompt, the given text or the output written holds (a drafter copies; it
+    never invents a token), and drafting never raises."""
+    for seed in range(block * 100, block * 100 + 100):
+        rng = random.Random(seed)
+        src, out, prompt = random_edit(rng)
+        prediction = None
+        if src and rng.random() < 0.4:
+            prediction = list(src)
+            for _ in range(rng.randint(0, 4)):
+                j = rng.randrange(len(prediction))
+                prediction[j : j + rng.randint(0, 2)] = [rng.randrange(len(_PIECES)) for _ in range(rng.randint(0, 3))]
+        unsure = set(rng.sample(range(len(prediction) + 1), min(len(prediction) + 1, rng.randint(0, 5)))) if prediction else ()
+        lo = rng.randint(1, 4)
+        d = NgramDrafter(lo, rng.randint(lo, 12), extra=src, prediction=prediction, unsure=unsure,
+                         text=_PIECES.__getitem__ if rng.random() < 0.8 else None,
+                         renamed=["item"] if rng.random() < 0.3 else (), follow=rng.random() < 0.9)
+        d.begin(prompt)
+        seen = {*prompt, *src, *(prediction or ())}  # and the output's tokens, once written
+        ctx, p = list(prompt), 0
+        while p < len(out):
+            if p > 3 and rng.random() < 0.02:  # a context rewound
+                back = rng.randint(1, min(p, 10))
+                p, ctx = p - back, ctx[:-back]
+            k = rng.choice([0, 1, 2, 5, 16, 64, 256])
+            tokens = list(d.draft(ctx, k).tokens)
+            assert len(tokens) <= k, (seed, p)
+            assert set(tokens) <= seen, (seed, p)
+            a = 0
+            while a < len(tokens) and p + a < len(out) and tokens[a] == out[p + a]:
+                a += 1
+            ctx += out[p : p + a + 1]
+            seen.update(out[p : p + a + 1])
+            p += a + 1
