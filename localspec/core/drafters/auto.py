@@ -199,6 +199,7 @@ class AutoDrafter(DrafterBase):
         self.cost = (learned.costs(profile, k_max, learn_costs) if learned is not None
                      else CostModel(profile, k_max, learn=learn_costs))
         self.sizes = grid_sizes(k_max + 1)
+        self._grid = np.array(self.sizes)
         self.runs = CopyAge(learned.run_counts(ngram.copying) if learned is not None else None)
         # ... and of drafts copying the output's own text where a text to copy is given: those
         # last as long as any generation's (NgramDraft.own)
@@ -305,30 +306,42 @@ class AutoDrafter(DrafterBase):
         where the budgets cover its worst case; k = 0 (plain decoding: 1 token, 1 / V(1))
         when no draft beats plain decoding by MARGIN. `spent(k)`: the share of a k-token
         plan's cost it is expected to spend (a draft model's early stops)."""
-        plain = Choice(0, 1.0, 1.0 / self.cost.v(1))
+        t = self.cost.tables()
+        plain = Choice(0, 1.0, 1.0 / float(t.v[1]))
         if not len(rates):
             return plain
         expected = 1.0 + np.cumsum(np.cumprod(rates))  # expected[k - 1] = E(k)
         n_top = len(rates) + 1
-        known, unknown = [plain], []
         # GRID's sizes (unmeasured ones are tried on a budget) and the measured curve's dips
-        for n in sorted({m for m in (*self.sizes, *self.cost.dips()) if 2 <= m < n_top}) + [n_top]:
-            e = float(expected[n - 2])
-            # rate at a verify time v: scale / (v + drafting), in tokens per one-token time
-            scale, drafting = e / (spent(n - 1) if spent is not None else 1.0), (n - 1) * c
-            if self.cost.settled(n):
-                known.append(Choice(n - 1, e, scale / (self.cost.v(n) + drafting)))
-                continue
-            if self.cost.known(n):  # timed once or twice: at its worst case, no budget
-                known.append(Choice(n - 1, e, scale / (self.cost.upper(n) + drafting)))
-            unknown.append(Choice(n - 1, e, scale / (self.cost.hope(n) + drafting)))
-        best = max(known, key=lambda o: o.rate)
+        ns = self._grid[(self._grid >= 2) & (self._grid < n_top)]
+        if t.dips:
+            ns = np.union1d(ns, [m for m in t.dips if 2 <= m < n_top]).astype(int)
+        ns = np.append(ns, n_top)
+        at = np.minimum(ns, self.cost.n_max)  # sizes past the tables priced as their last
+        e = expected[ns - 2]
+        # rate at a verify time v: scale / (v + drafting), in tokens per one-token time
+        scale = e / np.array([spent(n - 1) for n in ns.tolist()]) if spent is not None else e
+        drafting = (ns - 1) * c
+        settled, known = t.settled[at], t.known[at]
+        # settled: at its estimate; timed once or twice: at its worst case, no budget;
+        # never timed (and timed once or twice): at its hope, on a budget
+        worst = np.where(settled, t.v[at], t.upper[at])
+        sure = settled | known
+        rates_known = scale / (worst + drafting)
+        best = plain
+        if sure.any():
+            i = int(np.argmax(np.where(sure, rates_known, -np.inf)))
+            if rates_known[i] > plain.rate:
+                best = Choice(int(ns[i]) - 1, float(e[i]), float(rates_known[i]))
         self._best_known = best.rate
-        for option in sorted(unknown, key=lambda o: -o.rate):
-            if option.rate <= best.rate:
+        hopes = scale / (t.hope[at] + drafting)
+        for i in np.argsort(-hopes, kind="stable").tolist():
+            if settled[i]:
+                continue
+            if hopes[i] <= best.rate:
                 break
-            if self._affordable(option.k + 1, option.expected, c, best.rate):
-                best = option
+            if self._affordable(int(ns[i]), float(e[i]), c, best.rate):
+                best = Choice(int(ns[i]) - 1, float(e[i]), float(hopes[i]))
                 break
         worth = (best.rate >= (1.0 + MARGIN + self.deficit()) / self.cost.v(1)
                  and best.expected >= 1.0 + MIN_EXTRA)

@@ -104,6 +104,10 @@ class CopyAge:
         if self._est is None:
             hits = self.accepted + _PSEUDO * np.asarray(self.prior)
             seen = self.reached + _PSEUDO
+            rates = hits / seen
+            if not (rates[:-1] > rates[1:]).any():  # non-decreasing already: nothing to pool
+                self._est = RunAgeEstimate(rates)
+                return self._est
             blocks: list[list[float]] = []  # [hits, seen, bins] pooled, rates increasing
             for h, n in zip(hits, seen):
                 blocks.append([h, n, 1])

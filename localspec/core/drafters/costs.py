@@ -18,6 +18,7 @@ decides which size to try next, and trying is paid from a budget (see auto.py).
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from typing import NamedTuple
@@ -78,7 +79,7 @@ def extend(sizes: list[int], values: list[float], n_max: int) -> np.ndarray:
     if m == 1:
         curve[m:] = np.sqrt(beyond)
         return curve
-    h = max(i for i, s in enumerate(sizes) if s <= m / 2 or i == 0)
+    h = max(bisect.bisect_right(sizes, m / 2) - 1, 0)  # the last size in the lower half
     slope = (vm - values[h]) / (m - sizes[h])
     curve[m:] = np.clip(vm + slope * (beyond - m), vm, vm * beyond / m)
     return curve
@@ -113,10 +114,10 @@ class CostModel:
         self._grid = np.array(grid_sizes(self.n_max))  # where dips() draws its chords
         self.profile = profile
         self.n_ctx: int | None = None  # the context the prior's band was chosen for
-        self.prior, level = _base_curve(profile, self.n_max)
-        self.prior_level = np.array([0, *level])  # by n (index 0 unused)
+        self._set_prior(*_base_curve(profile, self.n_max))
         self.times: dict[int, deque[float]] = {}
         self._median: dict[int, float] = {}
+        self._t1: tuple[float | None] | None = None  # t1() until a time or the prior changes
         self._tables: CostTables | None = None  # built on first use after a change
         self.c_model = profile.c if profile and profile.c else None
         self.t_token_s = profile.t_token_s if profile else None
@@ -131,13 +132,26 @@ class CostModel:
         self.n_ctx = n_ctx
         prior, level = _base_curve(self.profile, self.n_max, n_ctx)
         if prior != self.prior:
-            self.prior, self.prior_level = prior, np.array([0, *level])
-            self._tables = None
+            self._set_prior(prior, level)
+            self._tables = self._t1 = None
+
+    def _set_prior(self, prior: list[float], level: list[int]) -> None:
+        """The curve before this run's times (V(1..n_max)) and how well each size of it
+        is measured, with what every rebuild of the tables reads of them."""
+        self.prior, self.prior_level = prior, np.array([0, *level])  # by n (index 0 unused)
+        self._prior_v = np.array(prior)  # by n - 1
+        self._prior_known = self.prior_level[1:] > 0  # by n - 1
+        self._prior_sizes = set((np.flatnonzero(self._prior_known) + 1).tolist())
+        # the stored curve's own dips (sizes well below its chord): see _build
+        full, at = np.array([1.0, *prior]), np.arange(self.n_max + 1)
+        self._stored_dips = (self.prior_level == 2) & (
+            full < (1.0 - DIP) * np.interp(at, self._grid, full[self._grid]))
 
     def observe_verify(self, n: int, seconds: float) -> None:
         if 1 <= n <= self.n_max:
             t = self.times.setdefault(n, deque(maxlen=WINDOW))
             t.append(seconds)
+            self._t1 = None
             old, new = self._median.get(n), statistics.median(t)
             self._median[n] = new
             # rebuild when a size is first timed, settles, or its median moves
@@ -158,7 +172,13 @@ class CostModel:
     def t1(self) -> float | None:
         """Seconds per one-token decode in this run: measured, or where plain rounds are
         rare (every round drafts), inferred from sizes verified STEADY times whose V the
-        profile knows well (tune or STEADY rounds of earlier runs); None until then."""
+        profile knows well (tune or STEADY rounds of earlier runs); None until then.
+        Asked several times a round: kept until a verify is timed or the prior changes."""
+        if self._t1 is None:
+            self._t1 = (self._infer_t1(),)
+        return self._t1[0]
+
+    def _infer_t1(self) -> float | None:
         own = self.seconds(1, STEADY)
         if own is not None or not self.learn:
             return own
@@ -226,7 +246,7 @@ class CostModel:
         known = (self.prior_level > 0) | (rounds >= MIN_SEEN)
         settled = (self.prior_level == 2) | (rounds >= STEADY) | (not self.learn)
         known[1] = settled[1] = True
-        v = np.array([0.0, *(self._estimate() if self.learn and self.t1() else self.prior)])
+        v = np.concatenate(([0.0], self._estimate() if self.learn and self.t1() else self._prior_v))
         below = np.maximum.accumulate(np.where(known, np.arange(self.n_max + 1), 1))
         below = np.concatenate(([1], below[:-1]))  # the largest known size < n
         n = np.arange(self.n_max + 1, dtype=float)
@@ -242,10 +262,7 @@ class CostModel:
         # every chord they end (a profile timed at a short context, an edit verifying
         # after 1,500 tokens) and each size between them is tried in turn
         chord = np.interp(np.arange(self.n_max + 1), self._grid, v[self._grid])
-        prior = np.array([1.0, *self.prior])
-        stored = (self.prior_level == 2) & (
-            prior < (1.0 - DIP) * np.interp(np.arange(self.n_max + 1), self._grid, prior[self._grid]))
-        dip = settled & (v < (1.0 - DIP) * chord) & (stored | (rounds >= STEADY))
+        dip = settled & (v < (1.0 - DIP) * chord) & (self._stored_dips | (rounds >= STEADY))
         dip[self._grid] = dip[:2] = False
         return CostTables(v, hope, upper, known, settled, [int(m) for m in np.flatnonzero(dip)])
 
@@ -254,14 +271,15 @@ class CostModel:
         now = {m: s / t1 for m, s in sorted(self._median.items())}
         now[1] = 1.0
         sizes = np.arange(1, self.n_max + 1)
-        prior = np.asarray(self.prior)
+        prior = self._prior_v
         # ratios to the prior only from sizes timed a few times: one stalled round must
         # not rescale every other size
         at = np.array([m for m in sorted(now) if m == 1 or len(self.times[m]) >= STEADY])
         scaled = prior * np.interp(sizes, at, [now[m] / prior[m - 1] for m in at])
-        prior_known = self.prior_level[1:] > 0
-        anchors = sorted(set(now) | set(sizes[prior_known].tolist()))
-        curve = extend(anchors, [now.get(m, scaled[m - 1]) for m in anchors], self.n_max)
+        prior_known = self._prior_known
+        anchors = sorted(self._prior_sizes.union(now))
+        at_scaled = scaled.tolist()
+        curve = extend(anchors, [now[m] if m in now else at_scaled[m - 1] for m in anchors], self.n_max)
         curve[prior_known] = scaled[prior_known]
         curve[np.array(sorted(now)) - 1] = [now[m] for m in sorted(now)]
         return np.maximum(curve, 1.0)
