@@ -321,6 +321,27 @@ def test_a_copy_resumes_right_after_a_substitution():
     assert NgramDrafter(3, 12, extra=src, follow=False).draft(ctx, 5).tokens == []
 
 
+@pytest.mark.parametrize("gap,foretold,young", [(50, False, False), (12, False, True), (12, True, False)],
+                         ids=["breaks far apart", "breaks close together", "the second foretold"])
+def test_a_copy_left_twice_in_a_short_span_goes_on_as_old_as_its_last_stretch(gap, foretold, young):
+    """An output that leaves the copy it follows for other tokens twice within BREAK_SPAN
+    (32) tokens, where nothing foretold either, is no rename made once: the copy it goes
+    on with is drafted as old as the tokens since the later break, not as its whole run
+    (on a CPU where a long verify costs many one-token times, the old age bet long drafts
+    on a text that keeps changing). Breaks further apart keep the age, and so does a
+    second one at a foretold site (where the draft stopped)."""
+    src = list(range(1000, 1200))
+    second = 60 + gap
+    out = [*src[:60], 7, *src[61:second], 8, *src[second + 1:]]
+    d = NgramDrafter(3, 12, extra=src, prediction=src, unsure={second} if foretold else ())
+    prompt = [1, *src, 2]
+    d.begin(prompt)
+    feed(d, prompt, out, second + 6)
+    draft = d.draft([*prompt, *out[: second + 6]], 8)
+    assert draft.tokens == src[second + 6 : second + 14]
+    assert draft.run_len == 6 if young else draft.run_len > gap  # 6: the changed token and 5 after it
+
+
 def test_a_substitution_seen_once_stops_the_draft_before_it():
     """A token replaced once is no rule (a class renamed in code, its name kept in a
     docstring): a draft stops before its next occurrence, neither copying nor replacing

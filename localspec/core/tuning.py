@@ -102,6 +102,7 @@ SURE = 2  # a source token the output replaced is drafted replaced (or kept) onc
 REWRITE_SPAN = 16  # source tokens a change may replace, and (plus 2) output tokens it may
 # take, to be learned as a rule: a type hint, a field added to a line; a longer change is
 # no rule that repeats, and the n-gram lookup finds the copy again behind it
+BREAK_SPAN = 32  # output tokens: a copy left again within them goes on as old as its last stretch
 PARK_MIN_RUN = 16  # a copy left after holding this long is taken up again where the output
 PARK_SPAN = 256  # returns to it within this many output tokens (an inserted docstring);
 # the recorded edits replay the same with 8 or 32, and with 64 or 1024

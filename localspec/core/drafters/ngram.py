@@ -62,9 +62,10 @@ from typing import Protocol
 
 from localspec.core.drafters.base import Draft, DrafterBase
 from localspec.core.drafters.renames import Predicted
-from localspec.core.tuning import PARK_MIN_RUN, PARK_SPAN, REWRITE_SPAN, SURE
+from localspec.core.tuning import BREAK_SPAN, PARK_MIN_RUN, PARK_SPAN, REWRITE_SPAN, SURE
 
 RUN_CAP = 1024  # how far back a match is extended to measure the run it continues
+_NO_BREAKS = (-2 * BREAK_SPAN - 2, -BREAK_SPAN - 1)  # two breaks too far apart to count
 _WORD = re.compile(r"\W*(\w+)\W*")
 
 
@@ -310,6 +311,7 @@ class NgramDrafter(DrafterBase):
         self._follow: _Follow | None = None
         self._parked: _Parked | None = None
         self._n_prompt = 0  # where the output begins in `ctx`
+        self._broke = _NO_BREAKS  # context lengths at the output's last two breaks (`_left`)
 
     @property
     def predicting(self) -> bool:
@@ -327,6 +329,7 @@ class NgramDrafter(DrafterBase):
         self.ctx.extend(prompt)
         self._n_prompt = len(prompt)
         self._follow = self._parked = None
+        self._broke = _NO_BREAKS
         if self._predicted is not None:
             self._predicted.locate(prompt)
 
@@ -376,10 +379,36 @@ class NgramDrafter(DrafterBase):
             f.q, f.rest, f.split, f.run = *w, [tok] if w[1] is not None else [], f.run + 1
         elif f.pending is None:  # taken for one token in place of one: resume after it
             f.pending, f.held = (src[f.q], tok), f.run
+            self._left(src, f.q)
             f.q += 1
             f.run = 0
         else:  # more than one for one: watch for the output going on with the source
             f.changed, f.q0, f.pending = [f.pending[1], tok], f.q - 1, None
+
+    def _left(self, src: Sequence[int], q: int) -> None:
+        """The output left the copy followed at source position q for another token: where
+        a draft through q would not have stopped there (`_stops`), a break nothing foretold."""
+        if not self._stops(src, q):
+            self._broke = (self._broke[1], len(self.ctx.tokens))
+
+    def _stops(self, src: Sequence[int], p: int) -> bool:
+        """Whether a copy of `src` drafted through p stops before it (as `_copy` does): a
+        site foretold, a change made after another token, a rule or substitution not sure yet."""
+        r = self.rules.at(src, p)
+        if r is not None:
+            return not r.sure
+        return ((src is self.extra.tokens and p in self.unsure) or self.rules.like(src, p) is not None
+                or self.subs(src[p]) is None)
+
+    def _aged(self, run: int) -> int:
+        """A copy's age as drafted: its run, but where the output broke from the copy it
+        followed twice within BREAK_SPAN tokens where nothing foretold it, no more than the
+        tokens since the later break. A rename made once leaves the copy as old as it was;
+        an output that keeps leaving it (a file rewritten line by line in other words) is
+        no such thing: its copies last as briefly as its stretches between changes,
+        however far back a match reaches or a copy was followed."""
+        b1, b2 = self._broke
+        return min(run, len(self.ctx.tokens) - b2) if b2 - b1 <= BREAK_SPAN else run
 
     def _wordy(self, tokens: Sequence[int]) -> bool:
         """Whether the tokens' text holds a letter or digit (or their texts are not known):
@@ -549,7 +578,7 @@ class NgramDrafter(DrafterBase):
         if holds and f.q < len(f.index.tokens):
             tokens, end = self._copy(f.index.tokens, f.q, k, ruled=f.ruled)
             tokens = self._looped(f.index, f.q, end, f.run, tokens, k)
-            return NgramDraft(tokens=tokens, source=self.name, run_len=f.run, own=self._own(f.index, f.q))
+            return NgramDraft(tokens=tokens, source=self.name, run_len=self._aged(f.run), own=self._own(f.index, f.q))
         if sub is not None and f is not None and f.changed is not None:
             redo = self._redo(f, k, found)
             if redo is not None:
@@ -569,7 +598,7 @@ class NgramDrafter(DrafterBase):
             tokens = index.tokens[start : start + k]
             end = start + len(tokens)
         tokens = self._looped(index, start, end, run, tokens, k)
-        return NgramDraft(tokens=list(tokens), source=self.name, match_len=n, run_len=run, own=own)
+        return NgramDraft(tokens=list(tokens), source=self.name, match_len=n, run_len=self._aged(run), own=own)
 
     def _own(self, index: _Index, start: int) -> bool:
         """Whether a draft from `start` of `index` copies the output's own earlier text
@@ -600,7 +629,7 @@ class NgramDrafter(DrafterBase):
         # `_compile_pattern` returns `re.Pattern`): the target decides
         if self.rules.at(src, f.q0) is r and not self._unsure_in(src, f.q0, len(r.s)):
             rest, _ = self._copy(src, f.q0 + len(r.s), k, ruled=f.q0 + len(r.s))
-        return NgramDraft(tokens=[*r.y[len(out):], *rest][:k], source=self.name, run_len=f.held)
+        return NgramDraft(tokens=[*r.y[len(out):], *rest][:k], source=self.name, run_len=self._aged(f.held))
 
     def _looped(self, index: _Index, start: int, end: int, run: int, tokens: Sequence[int],
                 k: int) -> Sequence[int]:
