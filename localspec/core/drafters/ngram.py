@@ -359,6 +359,8 @@ class NgramDrafter(DrafterBase):
         if f.rest is not None:
             self._splitting(f, tok)
             return
+        if f.pending is None:
+            self._left(src, f.q, f.ruled, tok)
         if tok == src[f.q] and f.pending is None and f.q != f.ruled:
             if (r := self.rules.at(src, f.q)) is not None:
                 r.kept += 1  # a rule's place, where the output kept the source
@@ -379,26 +381,18 @@ class NgramDrafter(DrafterBase):
             f.q, f.rest, f.split, f.run = *w, [tok] if w[1] is not None else [], f.run + 1
         elif f.pending is None:  # taken for one token in place of one: resume after it
             f.pending, f.held = (src[f.q], tok), f.run
-            self._left(src, f.q)
             f.q += 1
             f.run = 0
         else:  # more than one for one: watch for the output going on with the source
             f.changed, f.q0, f.pending = [f.pending[1], tok], f.q - 1, None
 
-    def _left(self, src: Sequence[int], q: int) -> None:
-        """The output left the copy followed at source position q for another token: where
-        a draft through q would not have stopped there (`_stops`), a break nothing foretold."""
-        if not self._stops(src, q):
+    def _left(self, src: Sequence[int], q: int, ruled: int, tok: int) -> None:
+        """The output wrote `tok` where the copy followed is at source position q: where a
+        draft of it would have had another token there (not stopped before it: nothing
+        foretold a change), a break."""
+        drafted, _ = self._copy(src, q, 1, ruled=ruled)
+        if drafted and drafted[0] != tok:
             self._broke = (self._broke[1], len(self.ctx.tokens))
-
-    def _stops(self, src: Sequence[int], p: int) -> bool:
-        """Whether a copy of `src` drafted through p stops before it (as `_copy` does): a
-        site foretold, a change made after another token, a rule or substitution not sure yet."""
-        r = self.rules.at(src, p)
-        if r is not None:
-            return not r.sure
-        return ((src is self.extra.tokens and p in self.unsure) or self.rules.like(src, p) is not None
-                or self.subs(src[p]) is None)
 
     def _aged(self, run: int) -> int:
         """A copy's age as drafted: its run, but where the output broke from the copy it
