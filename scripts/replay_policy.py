@@ -23,6 +23,12 @@ counts of an earlier pass over it) and two ceilings: the n-gram oracle (drafts e
 the prefix the target accepts, cut at the curve's cheap points) and a drafter that is
 always right.
 
+`random-edits OUT.json` writes --count random dense edits (bench/random_edits.py: short
+changes every few tokens, made inconsistently: no model edits this way, and it is where
+auto's bets on a copy's age go wrong most) and prints auto's time over plain decoding's
+on --curve, informed and fresh: median, 95th percentile, worst, and the share more than 5%
+slower. `rounds OUT.json -v` then shows any of them round by round.
+
 `hazard` prints how often the edit traces' copies break by run age (a copy of the file, of
 an instruction's prediction of the output, of the output's own earlier text) beside the
 priors core/tuning.py holds for each.
@@ -75,6 +81,7 @@ from rich.console import Console
 from rich.table import Table
 
 from localspec.bench.replay import FIXED_K, copy_hazard, replay_session, replay_trace, true_curve
+from localspec.bench.random_edits import against_plain, random_traces, summary
 from localspec.core.config import ModelConfig, SpecConfig
 from localspec.core.tuning import COPY_PRIOR, EDGES, PREDICTED_PRIOR, PRIOR
 from localspec.profile import Profile
@@ -308,7 +315,7 @@ def measure_curve(path: str, target: str, n_max: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("record", "synth", "pieces", "vcurve", "replay", "rounds",
-                                       "record-sessions", "sessions", "hazard"))
+                                       "record-sessions", "sessions", "hazard", "random-edits"))
     ap.add_argument("traces", nargs="+", help="trace files (vcurve: the output file)")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
@@ -341,6 +348,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5, help="noise seeds averaged (with --noise)")
     ap.add_argument("--edit-ngram", type=lambda s: tuple(int(x) for x in s.split(",")),
                     default=(3, 12), help="n-gram sizes for edits (min,max), as `localspec edit`")
+    ap.add_argument("--count", type=int, default=470, help="random-edits: how many")
     ap.add_argument("--fresh", action="store_true", help="rounds: auto with no profile (a first run)")
     ap.add_argument("-v", "--verbose", action="store_true", help="rounds: every round that lost")
     ap.add_argument("--bound", action="store_true", help="also report the n-gram oracle's "
@@ -385,6 +393,9 @@ def main() -> int:
     if args.action == "rounds":
         report_rounds(args.traces, v, c, args)
         return 0
+    if args.action == "random-edits":
+        report_random_edits(args.traces[0], v, args)
+        return 0
     if args.action == "sessions":
         print("V(n): " + ", ".join(f"{n}:{v[n - 1]:.2f}" for n in (2, 4, 8, 16, 32, 64) if n <= len(v)))
         report_sessions(args.traces, v, c, args)
@@ -402,6 +413,23 @@ def main() -> int:
     if args.peer or args.wall:
         report_peer(traces, rows, v, args.k_max, args.wall)
     return 0
+
+
+def report_random_edits(path: str, v: list[float], args) -> None:
+    """Random dense edits written to `path`, and auto's time over plain's on them."""
+    traces = random_traces(args.count)
+    with open(path, "w") as f:
+        json.dump(traces, f)
+    k = max(args.k_max)
+    ratios = against_plain(traces, v, k, args.noise or 0.1, tuple(args.edit_ngram))
+    table = Table(title=f"auto's decode time over plain's, {len(traces)} random dense edits "
+                        f"(--draft-max {k}; V(16) = {v[15]:.2f}, V(64) = {v[63]:.2f})")
+    for col in ("auto", "median", "95th percentile", "worst", "> 5% slower"):
+        table.add_column(col, justify="right")
+    for kind, xs in ratios.items():
+        s = summary(xs)
+        table.add_row(kind, f"{s['median']:.3f}", f"{s['p95']:.3f}", f"{s['worst']:.3f}", f"{s['slower']:.1%}")
+    Console().print(table)
 
 
 def report_peer(traces: list[dict], rows: list[tuple[str, dict[str, float]]], v: list[float],

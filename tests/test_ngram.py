@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from localspec.bench import random_edits
 from localspec.core.drafters import Draft, HybridDrafter, NgramDrafter, NoDrafter
 
 
@@ -801,44 +802,6 @@ def test_a_copy_left_for_an_inserted_docstring_is_taken_up_where_it_was_left(n_d
     assert d.draft([*prompt, *out[: back + 3]], 20).tokens == src[102:122]
 
 
-_PIECES = ["def", " x", " y", "(", ")", ":", "\n", "    ", " return", " =", " self", ".", ",",
-           ' "', '"""', " int", " ->", " bool", "Item", "Product", " item", " product", "_",
-           "a", "b", " ", "  ", "#", " the", " of"]
-
-
-def random_edit(rng: random.Random) -> tuple[list[int], list[int], list[int]]:
-    """(source, output, prompt): a random text of word tokens and the output of an edit
-    of it that mixes what edits do, at random places: a token replaced by 0-3 others
-    (most times it recurs), spans deleted, an insertion repeated or new, a jump to
-    elsewhere in the source; now and then an output unrelated to the source."""
-    v = len(_PIECES)
-    src = [rng.randrange(v) for _ in range(rng.randint(0, 120))]
-    subs = {rng.randrange(v): [rng.randrange(v) for _ in range(rng.randint(0, 3))]
-            for _ in range(rng.randint(0, 3))}
-    insertion = [rng.randrange(v) for _ in range(rng.randint(1, 6))]
-    out: list[int] = []
-    i = 0
-    while i < len(src) and len(out) < 400:
-        r = rng.random()
-        if src[i] in subs and rng.random() < 0.8:
-            out += subs[src[i]]
-            i += 1
-        elif r < 0.03:
-            i += rng.randint(1, 5)
-        elif r < 0.07:
-            out += insertion if rng.random() < 0.6 else [rng.randrange(v) for _ in range(rng.randint(1, 30))]
-        elif r < 0.08:
-            i = rng.randrange(len(src))
-        else:
-            out.append(src[i])
-            i += 1
-    if rng.random() < 0.1:
-        out = [rng.randrange(v) for _ in range(rng.randint(0, 60))]
-    prompt = [*(rng.randrange(v) for _ in range(rng.randint(0, 10))), *src,
-              *(rng.randrange(v) for _ in range(rng.randint(0, 10)))]
-    return src, out, prompt
-
-
 @pytest.mark.parametrize("block", range(4))
 def test_the_copying_drafter_drafts_only_known_tokens_on_random_edits(block):
     """Every state the copy-following reaches (substitutions, changes learned as rules,
@@ -848,17 +811,18 @@ def test_the_copying_drafter_drafts_only_known_tokens_on_random_edits(block):
     never invents a token), and drafting never raises."""
     for seed in range(block * 100, block * 100 + 100):
         rng = random.Random(seed)
-        src, out, prompt = random_edit(rng)
+        src, out, prompt = random_edits.random_edit(rng)
         prediction = None
         if src and rng.random() < 0.4:
             prediction = list(src)
             for _ in range(rng.randint(0, 4)):
                 j = rng.randrange(len(prediction))
-                prediction[j : j + rng.randint(0, 2)] = [rng.randrange(len(_PIECES)) for _ in range(rng.randint(0, 3))]
+                prediction[j : j + rng.randint(0, 2)] = [rng.randrange(len(random_edits.PIECES))
+                                                        for _ in range(rng.randint(0, 3))]
         unsure = set(rng.sample(range(len(prediction) + 1), min(len(prediction) + 1, rng.randint(0, 5)))) if prediction else ()
         lo = rng.randint(1, 4)
         d = NgramDrafter(lo, rng.randint(lo, 12), extra=src, prediction=prediction, unsure=unsure,
-                         text=_PIECES.__getitem__ if rng.random() < 0.8 else None,
+                         text=random_edits.PIECES.__getitem__ if rng.random() < 0.8 else None,
                          renamed=["item"] if rng.random() < 0.3 else (), follow=rng.random() < 0.9)
         d.begin(prompt)
         seen = {*prompt, *src, *(prediction or ())}  # and the output's tokens, once written
