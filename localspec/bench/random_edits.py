@@ -59,12 +59,13 @@ def random_traces(count: int, seed: int = 0, min_len: int = 20) -> list[dict]:
     """`count` random edits (seeds seed, seed + 1, ...; those whose output is shorter
     than min_len tokens skipped) as replayable edit traces."""
     traces = []
+    pieces = {str(i): p for i, p in enumerate(PIECES)}
     s = seed
     while len(traces) < count:
         src, out, prompt = random_edit(random.Random(s))
         if len(out) >= min_len:
             traces.append({"name": f"random-{s}", "tag": "edit", "prompt": prompt, "ids": out,
-                           "extra": src, "pieces": {str(i): p for i, p in enumerate(PIECES)}})
+                           "extra": src, "pieces": pieces})
         s += 1
     return traces
 
@@ -74,9 +75,10 @@ def against_plain(traces: list[dict], v: list[float], k_max: int = 256, noise: f
     """auto's modelled decode time over plain decoding's, per trace: informed by a tune
     profile of the curve, and fresh (no profile). One noise seed per trace."""
     out: dict[str, list[float]] = {"informed": [], "fresh": []}
+    profiles = (("informed", tuned(v, 0.0, long=v)), ("fresh", None))
     for i, tr in enumerate(traces):
         plain = replay(tr, NoDrafter(), v, 0.0, 1, False)
-        for kind, profile in (("informed", tuned(v, 0.0, long=v)), ("fresh", None)):
+        for kind, profile in profiles:
             auto = AutoDrafter(trace_ngram(tr, sizes), None, profile, k_max=k_max)
             out[kind].append(replay(tr, auto, v, 0.0, k_max, False, noise, i) / plain)
     return out

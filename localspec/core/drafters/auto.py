@@ -198,8 +198,7 @@ class AutoDrafter(DrafterBase):
         # `learned`: what earlier generations measured, shared with later ones
         self.cost = (learned.costs(profile, k_max, learn_costs) if learned is not None
                      else CostModel(profile, k_max, learn=learn_costs))
-        self.sizes = grid_sizes(k_max + 1)
-        self._grid = np.array(self.sizes)
+        self._grid = np.array(grid_sizes(k_max + 1))  # the verify sizes choose() weighs
         self.runs = CopyAge(learned.run_counts(ngram.copying) if learned is not None else None)
         # ... and of drafts copying the output's own text where a text to copy is given: those
         # last as long as any generation's (NgramDraft.own)
